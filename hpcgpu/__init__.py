@@ -1,0 +1,42 @@
+"""hpcgpu: scientific computing on many GPUs with MPI, CuPy, Numba and NCCL.
+
+Importing this package has no side effects: MPI is initialised when the first
+:class:`Communicator` is built, and a GPU is picked by :func:`hpcgpu.arch.auto`.
+
+>>> import hpcgpu
+>>> comm = hpcgpu.Communicator()                                   # doctest: +SKIP
+>>> arch = hpcgpu.arch.auto(comm)                                  # doctest: +SKIP
+>>> grid = hpcgpu.Decomposition(comm, (4096, 2048), periodic=(False, True))   # doctest: +SKIP
+>>> h = hpcgpu.Field(grid, arch, halo_width=2)                     # doctest: +SKIP
+>>> pending = h.exchange_halos(wait=False)                         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Communicator": ("hpcgpu.runtime.communicator", "Communicator"),
+    "Decomposition": ("hpcgpu.decomposition", "Decomposition"),
+    "Field": ("hpcgpu.field", "Field"),
+    "exchange_halos": ("hpcgpu.halo.exchange", "exchange_halos"),
+    "HaloExchange": ("hpcgpu.halo.exchange", "HaloExchange"),
+    "abort_on_error": ("hpcgpu.runtime.abort", "abort_on_error"),
+    "arch": ("hpcgpu.arch", None),
+    "errors": ("hpcgpu.errors", None),
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str):
+    try:
+        module_name, attribute = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'hpcgpu' has no attribute {name!r}") from None
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value
+    return value

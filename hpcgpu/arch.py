@@ -1,0 +1,158 @@
+"""Architectures: where arrays live and kernels run.
+
+An architecture is a value passed to every constructor (as in Oceananigans' ``CPU()`` / ``GPU()``):
+
+- :class:`CPU` — NumPy arrays, Numba kernels; ``synchronize()`` is a no-op.
+- :class:`GPU` — CuPy arrays on one device, a compute stream (made current) and a high-priority
+  communication stream for halo exchange.
+
+:func:`auto` picks one for the whole job (every rank agrees) and records why in ``arch.reason``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hpcgpu.errors import BackendError, ConfigurationError
+
+BACKENDS = ("auto", "cupy", "numpy")
+
+
+class CPU:
+    """Host architecture: NumPy arrays, Numba CPU kernels."""
+
+    name = "cpu"
+    is_gpu = False
+    device_id = None
+    compute_stream = None
+    comm_stream = None
+
+    def __init__(self, reason: str = "requested"):
+        self.xp = np
+        self.reason = reason
+
+    def synchronize(self) -> None:
+        """Nothing to wait for on the host."""
+
+    def to_host(self, array) -> np.ndarray:
+        return np.asarray(array)
+
+    def from_host(self, array) -> np.ndarray:
+        return np.asarray(array)
+
+    def zeros(self, shape, dtype="float64") -> np.ndarray:
+        return np.zeros(shape, dtype=dtype)
+
+    def empty(self, shape, dtype="float64") -> np.ndarray:
+        return np.empty(shape, dtype=dtype)
+
+    def describe(self) -> str:
+        return "CPU (NumPy + Numba)"
+
+    def __repr__(self) -> str:
+        return f"CPU(reason={self.reason!r})"
+
+
+class GPU:
+    """One CUDA device through CuPy.
+
+    Parameters
+    ----------
+    device_id : int
+        Index among the visible devices of this process.
+    reason : str
+        Why this device and backend were chosen (printed by rank 0).
+
+    Notes
+    -----
+    The compute stream is made CuPy's current stream, so every CuPy operation of the program runs on
+    it. The communication stream has the highest priority the device offers, so halo packing and NCCL
+    transfers overtake bulk interior kernels.
+    """
+
+    name = "gpu"
+    is_gpu = True
+
+    def __init__(self, device_id: int = 0, reason: str = "requested"):
+        import cupy
+
+        self.xp = cupy
+        self.device_id = device_id
+        self.reason = reason
+        self.device = cupy.cuda.Device(device_id)
+        self.device.use()
+        _, greatest = cupy.cuda.runtime.deviceGetStreamPriorityRange()
+        self.compute_stream = cupy.cuda.Stream(non_blocking=True)
+        self.comm_stream = cupy.cuda.Stream(non_blocking=True, priority=greatest)
+        self.compute_stream.use()
+        from hpcgpu.runtime.device import gpu_identity
+
+        self.identity = gpu_identity(device_id)
+
+    def synchronize(self) -> None:
+        """Wait for all work on this device (both streams)."""
+        self.device.synchronize()
+
+    def to_host(self, array) -> np.ndarray:
+        import cupy
+
+        return cupy.asnumpy(array, stream=self.compute_stream) if isinstance(array, cupy.ndarray) else np.asarray(array)
+
+    def from_host(self, array):
+        import cupy
+
+        return cupy.asarray(array)
+
+    def zeros(self, shape, dtype="float64"):
+        return self.xp.zeros(shape, dtype=dtype)
+
+    def empty(self, shape, dtype="float64"):
+        return self.xp.empty(shape, dtype=dtype)
+
+    def describe(self) -> str:
+        ident = self.identity
+        return f"GPU {self.device_id} ({ident.name}, {ident.pci_bus_id})"
+
+    def __repr__(self) -> str:
+        return f"GPU(device_id={self.device_id}, reason={self.reason!r})"
+
+
+def auto(comm, backend: str = "auto", allow_sharing: bool = False):
+    """Collective: choose the architecture for every rank of ``comm``.
+
+    Parameters
+    ----------
+    comm : hpcgpu.Communicator
+    backend : {"auto", "cupy", "numpy"}
+        ``auto`` takes the GPU when CuPy and a device are usable on *every* rank, else the CPU;
+        ``cupy`` requires a GPU (error on every rank if any rank lacks one); ``numpy`` forces the CPU.
+    allow_sharing : bool
+        Let several ranks of a node use one GPU (normally an error).
+
+    Returns
+    -------
+    CPU or GPU
+        With ``reason`` set to one line explaining the choice.
+    """
+    if backend not in BACKENDS:
+        raise ConfigurationError(f"--backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    if backend == "numpy":
+        return CPU(reason="--backend numpy was requested")
+
+    from hpcgpu.runtime.device import probe_cupy, select_device
+
+    usable, why = probe_cupy()
+    flags = comm.mpi.allgather(why if not usable else None)
+    failing = [(rank, text) for rank, text in enumerate(flags) if text is not None]
+    if failing:
+        first_rank, first_why = failing[0]
+        detail = f"rank {first_rank}: {first_why}" + (f" (and {len(failing) - 1} more)" if len(failing) > 1 else "")
+        if backend == "cupy":
+            raise BackendError(
+                f"--backend cupy needs a usable GPU on every rank, but {detail}. "
+                "Install the CUDA extra (pip install 'hpcgpu[cuda12]' or 'hpcgpu[cuda13]') on a GPU "
+                "node, or run with --backend numpy."
+            )
+        return CPU(reason=f"no usable GPU ({detail}); using NumPy + Numba")
+    device_id, how = select_device(comm, allow_sharing=allow_sharing)
+    return GPU(device_id, reason=f"{why}; {how}")

@@ -1,0 +1,235 @@
+"""Cartesian domain decomposition.
+
+A global array of shape ``global_shape`` (C order: ``(y, x)`` in 2D, ``(z, y, x)`` in 3D) is cut into
+``dims`` blocks along each axis, one block per rank. Along an axis of ``n`` cells cut into ``p``
+blocks, every block gets ``n // p`` cells and the first ``n % p`` blocks one more::
+
+    n = 10, p = 3:   | 0 1 2 3 | 4 5 6 | 7 8 9 |     extents (4, 3, 3), starts (0, 4, 7)
+
+Neighbours are addressed by offsets in {-1, 0, +1} per axis, diagonals included (``(1, -1)`` is the
+rank one block up in y and one block left in x). At a non-periodic domain edge the neighbour is
+``None`` (MPI's ``PROC_NULL``); on a periodic axis with one block a rank is its own neighbour.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Sequence
+
+from hpcgpu.errors import DecompositionError
+
+WILDCARDS = (0, None, "*")
+
+
+def split_extents(n_cells: int, n_blocks: int) -> list[int]:
+    """Cells per block when ``n_cells`` are cut into ``n_blocks`` (remainder to the first blocks)."""
+    base, remainder = divmod(n_cells, n_blocks)
+    return [base + 1 if i < remainder else base for i in range(n_blocks)]
+
+
+def _factorizations(n: int, n_axes: int):
+    """All ordered tuples of ``n_axes`` positive integers whose product is ``n``."""
+    if n_axes == 1:
+        yield (n,)
+        return
+    for first in range(1, n + 1):
+        if n % first == 0:
+            for rest in _factorizations(n // first, n_axes - 1):
+                yield (first,) + rest
+
+
+def choose_dims(n_ranks: int, global_shape: Sequence[int], dims: Sequence | None = None) -> tuple[int, ...]:
+    """Choose blocks per axis for ``n_ranks`` ranks, honouring fixed entries of ``dims``.
+
+    Entries of ``dims`` that are 0, None or "*" are free. Among all factorizations of ``n_ranks`` that
+    match the fixed entries and give every block at least one cell, the one that moves the fewest
+    halo cells (the total area of cuts) wins; ties go to more blocks on the slower (earlier) axes.
+
+    Raises
+    ------
+    DecompositionError
+        If no such factorization exists; the message lists what would work.
+    """
+    ndim = len(global_shape)
+    requested = tuple(WILDCARDS[0] if d in WILDCARDS else d for d in (dims or (0,) * ndim))
+    if len(requested) != ndim:
+        raise DecompositionError(
+            f"dims has {len(requested)} entries but the grid has {ndim} axes (global_shape={tuple(global_shape)}); "
+            "give one entry per axis, with 0 or '*' for 'choose for me'"
+        )
+    for d in requested:
+        if not isinstance(d, int) or d < 0:
+            raise DecompositionError(f"dims entries must be positive integers or 0/'*', got {dims!r}")
+    best, best_cost = None, None
+    for candidate in _factorizations(n_ranks, ndim):
+        if any(r and r != c for r, c in zip(requested, candidate)):
+            continue
+        if any(c > n for c, n in zip(candidate, global_shape)):
+            continue
+        cut_area = sum(
+            (c - 1) * math.prod(n for b, n in enumerate(global_shape) if b != a) for a, c in enumerate(candidate)
+        )
+        cost = (cut_area, tuple(-c for c in candidate))
+        if best_cost is None or cost < best_cost:
+            best, best_cost = candidate, cost
+    if best is None:
+        raise DecompositionError(
+            f"cannot split a grid of shape {tuple(global_shape)} over {n_ranks} ranks with dims={tuple(dims or ())}: "
+            f"expected the fixed dims to divide {n_ranks} and every axis to have at least as many cells as "
+            "blocks. Use fewer ranks, a larger grid, or leave dims free (0 or '*')."
+        )
+    return best
+
+
+class Decomposition:
+    """An N-d Cartesian decomposition of a global grid over the ranks of a communicator.
+
+    Parameters
+    ----------
+    comm : hpcgpu.Communicator
+    global_shape : tuple of int
+        Cells per axis of the whole grid, C order.
+    dims : tuple, optional
+        Blocks per axis; 0, None or "*" entries are chosen automatically (all free by default).
+    periodic : bool or tuple of bool, optional
+        Periodicity per axis (a single bool applies to all axes). Default: not periodic.
+
+    Attributes
+    ----------
+    ndim, global_shape, dims, periodic, coords
+    local_shape, local_start, local_stop : tuple of int
+        Extent of this rank's block and its first / one-past-last global index per axis.
+    cart : mpi4py.MPI.Cartcomm
+        The Cartesian communicator (rank order of ``comm`` is kept: no reordering).
+    """
+
+    def __init__(self, comm, global_shape: Sequence[int], dims: Sequence | None = None, periodic=False):
+        self.comm = comm
+        self.global_shape = tuple(int(n) for n in global_shape)
+        self.ndim = len(self.global_shape)
+        if self.ndim < 1 or any(n < 1 for n in self.global_shape):
+            raise DecompositionError(f"global_shape must be 1 to 3 positive integers, got {tuple(global_shape)}")
+        if isinstance(periodic, bool):
+            periodic = (periodic,) * self.ndim
+        self.periodic = tuple(bool(p) for p in periodic)
+        if len(self.periodic) != self.ndim:
+            raise DecompositionError(
+                f"periodic has {len(self.periodic)} entries but global_shape {self.global_shape} has {self.ndim} axes"
+            )
+        self.dims = choose_dims(comm.size, self.global_shape, dims)
+        self.cart = comm.mpi.Create_cart(list(self.dims), periods=list(self.periodic), reorder=False)
+        self.coords = tuple(self.cart.Get_coords(comm.rank))
+        self._extents = [split_extents(n, p) for n, p in zip(self.global_shape, self.dims)]
+        self._starts = [list(itertools.accumulate([0] + e[:-1])) for e in self._extents]
+        self.local_shape = tuple(self._extents[a][c] for a, c in enumerate(self.coords))
+        self.local_start = tuple(self._starts[a][c] for a, c in enumerate(self.coords))
+        self.local_stop = tuple(s + n for s, n in zip(self.local_start, self.local_shape))
+        self._neighbors = {
+            offset: self._rank_at(offset)
+            for offset in itertools.product((-1, 0, 1), repeat=self.ndim)
+            if any(offset)
+        }
+
+    # ------------------------------------------------------------------ geometry
+    @property
+    def n_ranks(self) -> int:
+        return self.comm.size
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def local_slices(self) -> tuple[slice, ...]:
+        """Slices selecting this rank's block from a global array."""
+        return tuple(slice(s, e) for s, e in zip(self.local_start, self.local_stop))
+
+    def extents(self, axis: int) -> list[int]:
+        """Cells per block along ``axis``, for block coordinates 0 .. dims[axis]-1."""
+        return list(self._extents[axis])
+
+    def starts(self, axis: int) -> list[int]:
+        """First global index per block along ``axis``."""
+        return list(self._starts[axis])
+
+    def min_extent(self, axis: int) -> int:
+        """Smallest block extent along ``axis`` (the same on every rank)."""
+        return min(self._extents[axis])
+
+    def block_of(self, coords: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(start, shape) of the block at Cartesian ``coords``."""
+        start = tuple(self._starts[a][c] for a, c in enumerate(coords))
+        shape = tuple(self._extents[a][c] for a, c in enumerate(coords))
+        return start, shape
+
+    def rank_coords(self, rank: int) -> tuple[int, ...]:
+        return tuple(self.cart.Get_coords(rank))
+
+    def owner_of(self, global_index: Sequence[int]) -> int:
+        """Rank that owns the cell at ``global_index``."""
+        coords = []
+        for axis, i in enumerate(global_index):
+            if not 0 <= i < self.global_shape[axis]:
+                raise DecompositionError(f"index {tuple(global_index)} is outside the grid {self.global_shape}")
+            starts = self._starts[axis]
+            coords.append(max(c for c in range(self.dims[axis]) if starts[c] <= i))
+        return self.cart.Get_cart_rank(coords)
+
+    def global_to_local(self, global_index: Sequence[int]) -> tuple[int, ...] | None:
+        """Local (owned-block) index of a global index, or None if another rank owns it."""
+        local = tuple(i - s for i, s in zip(global_index, self.local_start))
+        if all(0 <= l < n for l, n in zip(local, self.local_shape)):
+            return local
+        return None
+
+    def local_to_global(self, local_index: Sequence[int]) -> tuple[int, ...]:
+        """Global index of an owned-block local index."""
+        return tuple(i + s for i, s in zip(local_index, self.local_start))
+
+    # ------------------------------------------------------------------ neighbours
+    def _rank_at(self, offset: Sequence[int]):
+        coords = []
+        for axis, (c, d) in enumerate(zip(self.coords, offset)):
+            c += d
+            if not 0 <= c < self.dims[axis]:
+                if not self.periodic[axis]:
+                    return None
+                c %= self.dims[axis]
+            coords.append(c)
+        return self.cart.Get_cart_rank(coords)
+
+    def neighbor(self, offset: Sequence[int]):
+        """Rank at block offset ``offset`` (e.g. ``(0, 1)``), or None beyond a non-periodic edge."""
+        offset = tuple(offset)
+        if len(offset) != self.ndim or not any(offset) or any(d not in (-1, 0, 1) for d in offset):
+            raise DecompositionError(f"neighbour offsets are {self.ndim} values in -1/0/1, not all 0; got {offset}")
+        return self._neighbors[offset]
+
+    @property
+    def neighbors(self) -> dict:
+        """All ``3**ndim - 1`` neighbour offsets mapped to ranks (None beyond a non-periodic edge)."""
+        return dict(self._neighbors)
+
+    def at_lower_edge(self, axis: int) -> bool:
+        """True if this block touches the lower global boundary of ``axis``."""
+        return self.coords[axis] == 0
+
+    def at_upper_edge(self, axis: int) -> bool:
+        return self.coords[axis] == self.dims[axis] - 1
+
+    # ------------------------------------------------------------------ display
+    def __str__(self) -> str:
+        axes = "zyx"[-self.ndim:] if self.ndim <= 3 else "".join(f"a{i}" for i in range(self.ndim))
+        per_axis = ", ".join(
+            f"{name}: {n} cells / {p} = {'-'.join(str(e) for e in sorted(set(self._extents[a]), reverse=True))}"
+            f"{' periodic' if per else ''}"
+            for a, (name, n, p, per) in enumerate(zip(axes, self.global_shape, self.dims, self.periodic))
+        )
+        return f"Decomposition {' x '.join(map(str, self.dims))} over {self.n_ranks} ranks ({per_axis})"
+
+    def __repr__(self) -> str:
+        return (
+            f"Decomposition(global_shape={self.global_shape}, dims={self.dims}, periodic={self.periodic}, "
+            f"rank={self.rank}, coords={self.coords}, local_start={self.local_start}, local_shape={self.local_shape})"
+        )

@@ -1,0 +1,228 @@
+"""Exchange the ghost cells of one or several fields with all neighbours.
+
+An exchange is planned once per set of fields (:class:`HaloExchange`) and then started and waited on
+every time step::
+
+    pending = hpcgpu.exchange_halos([h, u, v], wait=False)   # pack + send/recv in flight
+    update_interior(...)                                       # needs no ghost cells
+    pending.wait()                                             # ghosts are now valid
+    update_rim(...)
+
+All fields of one exchange travel in one message per neighbour. A message holding a single field
+whose region is contiguous in memory (for example whole rows of a 2D field without x ghosts) is sent
+straight from the field without packing. A rank that is its own neighbour (a periodic axis with one
+block) copies locally. Ghost cells beyond a non-periodic domain edge are left untouched: physical
+boundary conditions are the application's job, after ``wait()``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field as dataclass_field
+
+import numpy as np
+
+from hpcgpu.errors import HaloError
+from hpcgpu.halo.packing import indexed_copy
+from hpcgpu.halo.regions import directions, flat_indices, is_contiguous, region_slices
+
+_TAG_STRIDE = 27  # 3**3 - 1 directions at most in 3D, plus one spare
+_serials = itertools.count()
+
+
+@dataclass
+class Message:
+    """One buffer sent to (or received from) one peer."""
+
+    peer: int
+    tag: int
+    buffer: object  # 1-D view: into the packed buffer, or straight into a field (direct)
+
+
+@dataclass
+class _FieldIndices:
+    send_idx: list = dataclass_field(default_factory=list)
+    send_pos: list = dataclass_field(default_factory=list)
+    recv_idx: list = dataclass_field(default_factory=list)
+    recv_pos: list = dataclass_field(default_factory=list)
+
+
+class HaloExchange:
+    """A planned exchange of the ghost cells of ``fields``.
+
+    Parameters
+    ----------
+    fields : sequence of hpcgpu.Field
+        Fields on the same decomposition and architecture, with the same dtype.
+    corners : bool
+        Exchange edges and corners too (needed by 9- and 27-point stencils); faces only if False.
+    transport : hpcgpu.transport.Transport, optional
+        Default: the one chosen for this communicator and architecture (NCCL on GPUs where available).
+    """
+
+    def __init__(self, fields, corners: bool = True, transport=None):
+        fields = list(fields)
+        if not fields:
+            raise HaloError("exchange_halos needs at least one field")
+        grid, arch = fields[0].decomposition, fields[0].arch
+        dtype = fields[0].data.dtype
+        for f in fields[1:]:
+            if f.decomposition is not grid or f.arch is not arch:
+                raise HaloError("fields of one exchange must share one Decomposition and one architecture")
+            if f.data.dtype != dtype:
+                raise HaloError(
+                    f"fields of one exchange must share a dtype (one message per neighbour); found {dtype} "
+                    f"and {f.data.dtype} ({f.name}). Exchange them in separate calls."
+                )
+        for f in fields:
+            for axis, w in enumerate(f.halo_width):
+                if w > grid.min_extent(axis):
+                    raise HaloError(
+                        f"ghost width {w} of field {f.name!r} on axis {axis} exceeds the smallest block "
+                        f"extent {grid.min_extent(axis)} of {grid}: expected width <= extent. Use fewer "
+                        "ranks along that axis (dims), a larger grid, or a smaller halo_width."
+                    )
+        if transport is None:
+            from hpcgpu.transport import default_transport
+
+            transport = default_transport(grid.comm, arch)
+        self.fields, self.grid, self.arch, self.transport = fields, grid, arch, transport
+        self.corners = corners
+        self._tag_base = (next(_serials) % 1000) * _TAG_STRIDE
+        self._plan(dtype)
+
+    # ------------------------------------------------------------------ planning
+    def _plan(self, dtype) -> None:
+        grid, xp, me = self.grid, self.arch.xp, self.grid.comm.rank
+        single = len(self.fields) == 1
+        indices = [_FieldIndices() for _ in self.fields]
+        send_plan, recv_plan = [], []  # (k, peer, [(field, send idx or recv idx)])
+        for k, d in enumerate(directions(grid.ndim, self.corners)):
+            to_peer, from_peer = grid.neighbor(d), grid.neighbor(tuple(-x for x in d))
+            regions_send = [self._indices("send", d, f) for f in self.fields] if to_peer is not None else None
+            regions_recv = [self._indices("recv", tuple(-x for x in d), f) for f in self.fields] if from_peer is not None else None
+            if regions_send and any(r is not None for r in regions_send):
+                send_plan.append((k, to_peer, regions_send))
+            if regions_recv and any(r is not None for r in regions_recv):
+                recv_plan.append((k, from_peer, regions_recv))
+
+        def layout(plan, kind):
+            messages, offset, segments = [], 0, []
+            for k, peer, regions in plan:
+                if single and is_contiguous(regions[0]):
+                    start = int(regions[0][0])
+                    messages.append((k, peer, ("direct", start, start + regions[0].size)))
+                    continue
+                begin = offset
+                for fi, idx in enumerate(regions):
+                    if idx is None:
+                        continue
+                    pos = np.arange(offset, offset + idx.size, dtype=np.int64)
+                    target = indices[fi]
+                    (target.send_idx if kind == "send" else target.recv_idx).append(idx)
+                    (target.send_pos if kind == "send" else target.recv_pos).append(pos)
+                    offset += idx.size
+                messages.append((k, peer, ("packed", begin, offset)))
+            return messages, offset
+
+        send_layout, send_size = layout(send_plan, "send")
+        recv_layout, recv_size = layout(recv_plan, "recv")
+        self.send_buffer = xp.empty(send_size, dtype=dtype)
+        self.recv_buffer = xp.empty(recv_size, dtype=dtype)
+
+        def to_device(parts):
+            return xp.asarray(np.concatenate(parts)) if parts else None
+
+        self._field_indices = [
+            tuple(to_device(p) for p in (ix.send_idx, ix.send_pos, ix.recv_idx, ix.recv_pos)) for ix in indices
+        ]
+        flat = self.fields[0].data.reshape(-1) if single else None
+
+        def view(kind, begin, end, buffer):
+            return flat[begin:end] if kind == "direct" else buffer[begin:end]
+
+        self.sends, self.recvs, self._local_copies = [], [], []
+        recv_by_k = {k: (peer, view(kind, b, e, self.recv_buffer)) for k, peer, (kind, b, e) in recv_layout}
+        for k, peer, (kind, b, e) in send_layout:
+            buffer = view(kind, b, e, self.send_buffer)
+            if peer == me:
+                # A periodic axis with one block: our own message comes back to us. Copy locally
+                # instead of asking MPI/NCCL to talk to ourselves.
+                self._local_copies.append((buffer, recv_by_k.pop(k)[1]))
+            else:
+                self.sends.append(Message(peer, self._tag_base + k, buffer))
+        self.recvs = [Message(peer, self._tag_base + k, buffer) for k, (peer, buffer) in recv_by_k.items()]
+        self.bytes_per_exchange = sum(m.buffer.nbytes for m in self.sends)
+
+    def _indices(self, kind, d, f):
+        slices = region_slices(kind, d, f.interior.shape, f.halo_width)
+        return None if slices is None else flat_indices(slices, f.data.shape)
+
+    # ------------------------------------------------------------------ running
+    def pack(self) -> None:
+        """Copy owned cells into the send buffer and perform local (self-neighbour) copies."""
+        for f, (send_idx, send_pos, _, _) in zip(self.fields, self._field_indices):
+            if send_idx is not None:
+                indexed_copy(self.send_buffer, send_pos, f.data.reshape(-1), send_idx)
+        for source, target in self._local_copies:
+            target[...] = source
+
+    def unpack(self) -> None:
+        """Copy the receive buffer into ghost cells."""
+        for f, (_, _, recv_idx, recv_pos) in zip(self.fields, self._field_indices):
+            if recv_idx is not None:
+                indexed_copy(f.data.reshape(-1), recv_idx, self.recv_buffer, recv_pos)
+
+    def start(self) -> "PendingExchange":
+        """Begin the exchange; returns immediately with a handle whose ``wait()`` completes it."""
+        return PendingExchange(self.transport.start(self))
+
+    def run(self) -> None:
+        """Exchange and wait."""
+        self.start().wait()
+
+
+class PendingExchange:
+    """An exchange in flight. ``wait()`` makes the ghost cells valid (on GPUs: for the compute stream)."""
+
+    def __init__(self, handle):
+        self._handle = handle
+
+    def wait(self) -> None:
+        if self._handle is not None:
+            self._handle.wait()
+            self._handle = None
+
+
+def _plan_for(fields, corners, transport) -> HaloExchange:
+    owner = fields[0]
+    key = (tuple(id(f) for f in fields), corners, id(transport))
+    plan = owner._halo_plans.get(key)
+    if plan is None:
+        plan = HaloExchange(fields, corners=corners, transport=transport)
+        owner._halo_plans[key] = plan
+    return plan
+
+
+def exchange_halos(fields, wait: bool = True, corners: bool = True, transport=None):
+    """Fill the ghost cells of ``fields`` from their neighbours (one message per neighbour).
+
+    Parameters
+    ----------
+    fields : Field or sequence of Field
+    wait : bool
+        If False, return a :class:`PendingExchange` to ``wait()`` on after overlapping work.
+    corners : bool
+        Include edge and corner neighbours (default) or faces only.
+
+    Returns
+    -------
+    None or PendingExchange
+    """
+    if not isinstance(fields, (list, tuple)):
+        fields = [fields]
+    pending = _plan_for(list(fields), corners, transport).start()
+    if wait:
+        pending.wait()
+        return None
+    return pending

@@ -1,0 +1,162 @@
+"""NCCL through ``cupy.cuda.nccl``: halo exchange and device collectives.
+
+One NCCL communicator per :class:`~hpcgpu.Communicator`, created on first use: rank 0 makes the unique
+id, MPI broadcasts it, and every rank joins (a collective: all ranks must get here together).
+
+Halo exchange (:class:`NcclTransport`) never blocks the host:
+
+1. record an event on the compute stream and make the communication stream wait for it (the fields
+   hold this step's values from then on);
+2. on the communication stream: pack, one NCCL group with every send and receive, unpack;
+3. ``wait()`` makes the compute stream wait for an event recorded after the unpack.
+
+Sends and receives to one peer are matched by NCCL in the order they are posted, so both are posted
+in the fixed direction order of :func:`hpcgpu.halo.regions.directions` (see that module for why
+this matches on both sides, even when one neighbour sits on both sides of a periodic axis).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from hpcgpu.errors import BackendError
+
+
+def nccl_available() -> bool:
+    try:
+        from cupy.cuda import nccl  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def nccl_version() -> str | None:
+    """NCCL version as 'major.minor.patch', or None without NCCL."""
+    try:
+        from cupy.cuda import nccl
+
+        code = nccl.get_version()
+    except Exception:
+        return None
+    major, rest = divmod(code, 10000) if code >= 10000 else divmod(code, 1000)
+    minor, patch = divmod(rest, 100) if code >= 10000 else divmod(rest, 100)
+    return f"{major}.{minor}.{patch}"
+
+
+@functools.cache
+def _nccl_types():
+    from cupy.cuda import nccl
+
+    return {
+        np.dtype("float16"): nccl.NCCL_FLOAT16,
+        np.dtype("float32"): nccl.NCCL_FLOAT32,
+        np.dtype("float64"): nccl.NCCL_FLOAT64,
+        np.dtype("int8"): nccl.NCCL_INT8,
+        np.dtype("uint8"): nccl.NCCL_UINT8,
+        np.dtype("int32"): nccl.NCCL_INT32,
+        np.dtype("uint32"): nccl.NCCL_UINT32,
+        np.dtype("int64"): nccl.NCCL_INT64,
+        np.dtype("uint64"): nccl.NCCL_UINT64,
+    }
+
+
+def _type_and_count(array):
+    """NCCL datatype and element count; unknown dtypes travel as bytes (point-to-point only)."""
+    nccl_type = _nccl_types().get(np.dtype(array.dtype))
+    if nccl_type is None:
+        from cupy.cuda import nccl
+
+        return nccl.NCCL_UINT8, array.nbytes
+    return nccl_type, array.size
+
+
+def nccl_communicator(comm):
+    """The NCCL communicator of ``comm``, created on first call (collective)."""
+    existing = comm.__dict__.get("_nccl")
+    if existing is not None:
+        return existing
+    if not nccl_available():
+        raise BackendError(
+            "NCCL is not available through CuPy (cupy.cuda.nccl did not import). Install the extra with "
+            "NCCL (pip install 'hpcgpu[cuda12]' or 'hpcgpu[cuda13]'), or set HPCGPU_TRANSPORT=mpi-staged."
+        )
+    from cupy.cuda import nccl
+
+    unique_id = nccl.get_unique_id() if comm.rank == 0 else None
+    unique_id = comm.mpi.bcast(unique_id, root=0)
+    comm._nccl = nccl.NcclCommunicator(comm.size, unique_id, comm.rank)
+    return comm._nccl
+
+
+class _EventHandle:
+    def __init__(self, compute_stream, done_event):
+        self.compute_stream, self.done_event = compute_stream, done_event
+
+    def wait(self) -> None:
+        self.compute_stream.wait_event(self.done_event)
+
+
+class NcclTransport:
+    """Halo exchange with NCCL send/recv on the communication stream."""
+
+    name = "nccl"
+
+    def __init__(self, nccl_comm):
+        self.nccl_comm = nccl_comm
+
+    def start(self, exchange):
+        from cupy.cuda import nccl
+
+        arch = exchange.arch
+        stream = arch.comm_stream
+        stream.wait_event(arch.compute_stream.record())
+        with stream:
+            exchange.pack()
+            if exchange.sends or exchange.recvs:
+                nccl.groupStart()
+                for m in exchange.recvs:
+                    nccl_type, count = _type_and_count(m.buffer)
+                    self.nccl_comm.recv(m.buffer.data.ptr, count, nccl_type, m.peer, stream.ptr)
+                for m in exchange.sends:
+                    nccl_type, count = _type_and_count(m.buffer)
+                    self.nccl_comm.send(m.buffer.data.ptr, count, nccl_type, m.peer, stream.ptr)
+                nccl.groupEnd()
+            exchange.unpack()
+        return _EventHandle(arch.compute_stream, stream.record())
+
+
+_NCCL_OPS = {"sum": "NCCL_SUM", "max": "NCCL_MAX", "min": "NCCL_MIN"}
+
+
+class NcclCollectives:
+    """allreduce / broadcast of CuPy arrays on the current stream."""
+
+    name = "nccl"
+
+    def __init__(self, comm):
+        self.nccl_comm = nccl_communicator(comm)
+
+    def allreduce(self, array, op: str):
+        import cupy
+        from cupy.cuda import nccl
+
+        send = cupy.ascontiguousarray(array)
+        result = cupy.empty_like(send)
+        nccl_type = _nccl_types().get(np.dtype(send.dtype))
+        if nccl_type is None:
+            raise BackendError(f"NCCL cannot reduce dtype {send.dtype}; use float16/32/64 or an integer type")
+        stream = cupy.cuda.get_current_stream()
+        self.nccl_comm.allReduce(send.data.ptr, result.data.ptr, send.size, nccl_type, getattr(nccl, _NCCL_OPS[op]), stream.ptr)
+        return result
+
+    def broadcast(self, array, root: int):
+        import cupy
+
+        if not array.flags.c_contiguous:
+            raise BackendError("broadcast of a CuPy array needs a C-contiguous array (it is filled in place)")
+        nccl_type, count = _type_and_count(array)
+        stream = cupy.cuda.get_current_stream()
+        self.nccl_comm.bcast(array.data.ptr, count, nccl_type, root, stream.ptr)
+        return array
