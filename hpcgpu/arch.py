@@ -23,6 +23,7 @@ class CPU:
 
     name = "cpu"
     is_gpu = False
+    binding = "not bound (launcher's binding kept)"
     device_id = None
     compute_stream = None
     comm_stream = None
@@ -72,6 +73,7 @@ class GPU:
 
     name = "gpu"
     is_gpu = True
+    binding = "not bound (launcher's binding kept)"
 
     def __init__(self, device_id: int = 0, reason: str = "requested"):
         import cupy
@@ -117,7 +119,7 @@ class GPU:
         return f"GPU(device_id={self.device_id}, reason={self.reason!r})"
 
 
-def auto(comm, backend: str = "auto", allow_sharing: bool = False):
+def auto(comm, backend: str = "auto", allow_sharing: bool = False, bind_cpus: bool = False):
     """Collective: choose the architecture for every rank of ``comm``.
 
     Parameters
@@ -128,6 +130,8 @@ def auto(comm, backend: str = "auto", allow_sharing: bool = False):
         ``cupy`` requires a GPU (error on every rank if any rank lacks one); ``numpy`` forces the CPU.
     allow_sharing : bool
         Let several ranks of a node use one GPU (normally an error).
+    bind_cpus : bool
+        Bind each rank to its share of the CPUs near its GPU (NVML); the outcome is in ``arch.binding``.
 
     Returns
     -------
@@ -155,4 +159,9 @@ def auto(comm, backend: str = "auto", allow_sharing: bool = False):
             )
         return CPU(reason=f"no usable GPU ({detail}); using NumPy + Numba")
     device_id, how = select_device(comm, allow_sharing=allow_sharing)
-    return GPU(device_id, reason=f"{why}; {how}")
+    gpu = GPU(device_id, reason=f"{why}; {how}")
+    if bind_cpus:
+        from hpcgpu.runtime.affinity import bind_near_gpu
+
+        _, gpu.binding = bind_near_gpu(comm, gpu.identity.pci_bus_id)
+    return gpu

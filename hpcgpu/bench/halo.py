@@ -1,0 +1,116 @@
+"""Halo-exchange latency and bandwidth per transport and message size.
+
+Each rank owns a block of a 2D field decomposed along one axis (non-periodic, so with 2 ranks each
+rank sends exactly one message each way). Two layouts:
+
+- ``rows``: the field is cut along y with ghost width (1, 0); a face is one contiguous row of
+  ``N`` values, sent straight from the field (no packing);
+- ``columns``: cut along x with ghost width (0, 1); a face is a strided column, packed into a buffer.
+
+For each message size the exchange (start + wait, synchronised) is repeated for about
+``--seconds`` and the time per exchange is the maximum over ranks of the mean. Bandwidth is the
+bytes one rank sends to one neighbour divided by that time (each way).
+
+Example (2 GPUs)::
+
+    mpiexec -n 2 python -m hpcgpu.bench halo --transports nccl,mpi-staged --json halo.json
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--backend", choices=("auto", "cupy", "numpy"), default="auto")
+    parser.add_argument("--transports", default="auto", help="comma list of mpi,nccl,mpi-cuda,mpi-staged (default: all usable)")
+    parser.add_argument("--sizes", default="1,16,256,4096,16384,65536,262144,1048576,4194304",
+                        help="values per message (default up to 4Mi = 16 MiB of fp32)")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--layouts", default="rows,columns")
+    parser.add_argument("--seconds", type=float, default=0.3, help="time budget per measurement")
+    parser.add_argument("--json", default=None, help="write results to this JSON file")
+
+
+def _usable_transports(arch, requested: str) -> list[str]:
+    if requested != "auto":
+        return requested.split(",")
+    if not arch.is_gpu:
+        return ["mpi"]
+    from hpcgpu.transport.mpi_device import mpi_is_cuda_aware
+    from hpcgpu.transport.nccl import nccl_available
+
+    names = ["nccl"] if nccl_available() else []
+    if mpi_is_cuda_aware():
+        names.append("mpi-cuda")
+    return names + ["mpi-staged"]
+
+
+def measure(comm, arch, transport, layout: str, n_values: int, dtype: str, seconds: float) -> float:
+    """Seconds per exchange (max over ranks of the mean)."""
+    import hpcgpu
+
+    if layout == "rows":
+        grid = hpcgpu.Decomposition(comm, (2 * comm.size, n_values), dims=(comm.size, 1))
+        halo_width = (1, 0)
+    else:
+        grid = hpcgpu.Decomposition(comm, (n_values, 2 * comm.size), dims=(1, comm.size))
+        halo_width = (0, 1)
+    field = hpcgpu.Field(grid, arch, halo_width=halo_width, dtype=dtype)
+    field.interior[...] = comm.rank
+    exchange = hpcgpu.HaloExchange([field], transport=transport)
+    for _ in range(5):
+        exchange.run()
+    arch.synchronize()
+    # Calibrate the repetition count on rank 0's timing so every rank runs the same number.
+    started = time.perf_counter()
+    for _ in range(10):
+        exchange.run()
+    arch.synchronize()
+    per_exchange = (time.perf_counter() - started) / 10
+    repeats = comm.broadcast(int(max(10, min(100000, seconds / max(per_exchange, 1e-7)))))
+    comm.barrier()
+    started = time.perf_counter()
+    for _ in range(repeats):
+        exchange.run()
+    arch.synchronize()
+    elapsed = (time.perf_counter() - started) / repeats
+    return comm.allreduce(elapsed, "max")
+
+
+def main(args) -> int:
+    import hpcgpu
+    from hpcgpu.transport import make_transport
+
+    comm = hpcgpu.Communicator()
+    with hpcgpu.abort_on_error(comm):
+        arch = hpcgpu.arch.auto(comm, backend=args.backend)
+        sizes = [int(s) for s in args.sizes.split(",")]
+        itemsize = np.dtype(args.dtype).itemsize
+        results = []
+        if comm.rank == 0:
+            print(f"halo exchange benchmark: {comm.size} ranks, backend {arch.name} ({arch.reason})", flush=True)
+        for name in _usable_transports(arch, args.transports):
+            transport = make_transport(name, comm, arch)
+            for layout in args.layouts.split(","):
+                for n_values in sizes:
+                    seconds = measure(comm, arch, transport, layout, n_values, args.dtype, args.seconds)
+                    nbytes = n_values * itemsize
+                    results.append({
+                        "transport": name, "layout": layout, "values": n_values, "bytes": nbytes,
+                        "microseconds": seconds * 1e6, "gigabytes_per_second": nbytes / seconds / 1e9,
+                    })
+        if comm.rank == 0:
+            print(f"\n{'transport':<11} {'layout':<8} {'values':>9} {'bytes':>10} {'us/exchange':>12} {'GB/s each way':>14}")
+            for r in results:
+                print(f"{r['transport']:<11} {r['layout']:<8} {r['values']:>9} {r['bytes']:>10} "
+                      f"{r['microseconds']:>12.1f} {r['gigabytes_per_second']:>14.2f}")
+            if args.json:
+                meta = {"n_ranks": comm.size, "backend": arch.name, "dtype": args.dtype,
+                        "device": arch.describe(), "hpcgpu": hpcgpu.__version__}
+                with open(args.json, "w") as out:
+                    json.dump({"meta": meta, "results": results}, out, indent=2)
+    return 0
