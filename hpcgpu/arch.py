@@ -11,6 +11,8 @@ An architecture is a value passed to every constructor (as in Oceananigans' ``CP
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from hpcgpu.errors import BackendError, ConfigurationError
@@ -83,9 +85,10 @@ class GPU:
         self.reason = reason
         self.device = cupy.cuda.Device(device_id)
         self.device.use()
-        _, greatest = cupy.cuda.runtime.deviceGetStreamPriorityRange()
         self.compute_stream = cupy.cuda.Stream(non_blocking=True)
-        self.comm_stream = cupy.cuda.Stream(non_blocking=True, priority=greatest)
+        # CUDA clamps a priority outside the device's range to the nearest valid one, so a very
+        # negative value gives the highest priority the device offers (-5 on Hopper).
+        self.comm_stream = cupy.cuda.Stream(non_blocking=True, priority=-100)
         self.compute_stream.use()
         from hpcgpu.runtime.device import gpu_identity
 
@@ -95,10 +98,32 @@ class GPU:
         """Wait for all work on this device (both streams)."""
         self.device.synchronize()
 
-    def to_host(self, array) -> np.ndarray:
+    @contextlib.contextmanager
+    def on_stream(self, stream):
+        """Make ``stream`` CuPy's current stream inside the block, then restore the previous one.
+
+        (CuPy's own ``with stream:`` restores its internal stack, which does not know about
+        ``Stream.use()``; after it the null stream would be current and work would silently stop
+        being ordered with the compute stream.)
+        """
         import cupy
 
-        return cupy.asnumpy(array, stream=self.compute_stream) if isinstance(array, cupy.ndarray) else np.asarray(array)
+        previous = cupy.cuda.get_current_stream()
+        stream.use()
+        try:
+            yield stream
+        finally:
+            previous.use()
+
+    def to_host(self, array) -> np.ndarray:
+        """Copy to a NumPy array after all work queued on the compute stream."""
+        import cupy
+
+        if not isinstance(array, cupy.ndarray):
+            return np.asarray(array)
+        host = array.get(stream=self.compute_stream)
+        self.compute_stream.synchronize()
+        return host
 
     def from_host(self, array):
         import cupy

@@ -29,20 +29,26 @@ def link_matrix(bus_ids: list[str]) -> list[list[str]] | None:
         handles = [pynvml.nvmlDeviceGetHandleByPciBusId(b) for b in bus_ids]
     except Exception:
         return None
-    normalized = [b.upper()[-12:] for b in bus_ids]
-    matrix = []
-    for i, handle in enumerate(handles):
-        links_to = [0] * len(handles)
+    active_links = []
+    for handle in handles:
+        count = 0
         for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
             try:
-                if pynvml.nvmlDeviceGetNvLinkState(handle, link) != pynvml.NVML_FEATURE_ENABLED:
-                    continue
-                remote = pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId
+                count += pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED
             except Exception:
-                continue
-            remote = (remote.decode() if isinstance(remote, bytes) else remote).upper()[-12:]
-            if remote in normalized:
-                links_to[normalized.index(remote)] += 1
+                break
+        active_links.append(count)
+    matrix = []
+    for i, handle in enumerate(handles):
+        # Remote PCI info of NVLinks is not reliable inside VMs; the P2P status over NVLink is.
+        links_to = [0] * len(handles)
+        for j, other in enumerate(handles):
+            if i != j:
+                try:
+                    status = pynvml.nvmlDeviceGetP2PStatus(handle, other, pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
+                    links_to[j] = active_links[i] or 1 if status == pynvml.NVML_P2P_STATUS_OK else 0
+                except Exception:
+                    pass
         row = []
         for j, other in enumerate(handles):
             if i == j:
@@ -94,7 +100,7 @@ def collect(comm, backend: str = "auto") -> dict:
     if comm.rank != 0:
         return None
     return {
-        "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+        "mpi_library": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],
         "mpi_standard": "%d.%d" % MPI.Get_version(),
         "mpi_cuda_aware": mpi_is_cuda_aware(),
         "n_ranks": comm.size,

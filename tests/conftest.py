@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -80,6 +81,7 @@ def pytest_pyfunc_call(pyfuncitem):
             # Straight to file descriptor 2: pytest's capture would swallow it when MPI_Abort kills us.
             os.write(2, "".join(f"[rank {rank}] {line}\n" for line in text.splitlines()).encode())
             if MPI.COMM_WORLD.Get_size() > 1:
+                time.sleep(1.0)  # let the launcher forward our stderr before MPI_Abort kills everyone
                 MPI.COMM_WORLD.Abort(1)
             raise
         return True

@@ -7,7 +7,8 @@ rank sends exactly one message each way). Two layouts:
   ``N`` values, sent straight from the field (no packing);
 - ``columns``: cut along x with ghost width (0, 1); a face is a strided column, packed into a buffer.
 
-For each message size the exchange (start + wait, synchronised) is repeated for about
+NCCL is measured twice: eager (Python enqueues pack, the NCCL group and unpack each time) and
+``nccl+graph`` (the same captured once as a CUDA graph and replayed). For each message size the exchange (start + wait, synchronised) is repeated for about
 ``--seconds`` and the time per exchange is the maximum over ranks of the mean. Bandwidth is the
 bytes one rank sends to one neighbour divided by that time (each way).
 
@@ -49,7 +50,7 @@ def _usable_transports(arch, requested: str) -> list[str]:
     return names + ["mpi-staged"]
 
 
-def measure(comm, arch, transport, layout: str, n_values: int, dtype: str, seconds: float) -> float:
+def measure(comm, arch, transport, layout: str, n_values: int, dtype: str, seconds: float, graph: bool = False) -> float:
     """Seconds per exchange (max over ranks of the mean)."""
     import hpcgpu
 
@@ -61,7 +62,7 @@ def measure(comm, arch, transport, layout: str, n_values: int, dtype: str, secon
         halo_width = (0, 1)
     field = hpcgpu.Field(grid, arch, halo_width=halo_width, dtype=dtype)
     field.interior[...] = comm.rank
-    exchange = hpcgpu.HaloExchange([field], transport=transport)
+    exchange = hpcgpu.HaloExchange([field], transport=transport, graph=graph)
     for _ in range(5):
         exchange.run()
     arch.synchronize()
@@ -93,20 +94,24 @@ def main(args) -> int:
         results = []
         if comm.rank == 0:
             print(f"halo exchange benchmark: {comm.size} ranks, backend {arch.name} ({arch.reason})", flush=True)
-        for name in _usable_transports(arch, args.transports):
+        variants = [(name, False) for name in _usable_transports(arch, args.transports)]
+        if "nccl" in [name for name, _ in variants]:
+            variants.insert(1, ("nccl", True))
+        for name, graph in variants:
             transport = make_transport(name, comm, arch)
+            label = name + ("+graph" if graph else "")
             for layout in args.layouts.split(","):
                 for n_values in sizes:
-                    seconds = measure(comm, arch, transport, layout, n_values, args.dtype, args.seconds)
+                    seconds = measure(comm, arch, transport, layout, n_values, args.dtype, args.seconds, graph)
                     nbytes = n_values * itemsize
                     results.append({
-                        "transport": name, "layout": layout, "values": n_values, "bytes": nbytes,
+                        "transport": label, "layout": layout, "values": n_values, "bytes": nbytes,
                         "microseconds": seconds * 1e6, "gigabytes_per_second": nbytes / seconds / 1e9,
                     })
         if comm.rank == 0:
-            print(f"\n{'transport':<11} {'layout':<8} {'values':>9} {'bytes':>10} {'us/exchange':>12} {'GB/s each way':>14}")
+            print(f"\n{'transport':<12} {'layout':<8} {'values':>9} {'bytes':>10} {'us/exchange':>12} {'GB/s each way':>14}")
             for r in results:
-                print(f"{r['transport']:<11} {r['layout']:<8} {r['values']:>9} {r['bytes']:>10} "
+                print(f"{r['transport']:<12} {r['layout']:<8} {r['values']:>9} {r['bytes']:>10} "
                       f"{r['microseconds']:>12.1f} {r['gigabytes_per_second']:>14.2f}")
             if args.json:
                 meta = {"n_ranks": comm.size, "backend": arch.name, "dtype": args.dtype,

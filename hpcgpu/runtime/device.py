@@ -50,15 +50,28 @@ def gpu_identity(device_id: int) -> GpuIdentity:
 
     props = cupy.cuda.runtime.getDeviceProperties(device_id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    raw_uuid = props.get("uuid", b"")
-    if isinstance(raw_uuid, bytes) and len(raw_uuid) == 16:
-        h = raw_uuid.hex()
-        uuid = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-    else:
-        uuid = str(raw_uuid)
-    with cupy.cuda.Device(device_id):
-        pci_bus_id = cupy.cuda.runtime.deviceGetPCIBusId(device_id)
-    return GpuIdentity(device_id, name, uuid, pci_bus_id)
+    pci_bus_id = cupy.cuda.runtime.deviceGetPCIBusId(device_id)
+    return GpuIdentity(device_id, name, _uuid(pci_bus_id, props.get("uuid", b"")), pci_bus_id)
+
+
+def _uuid(pci_bus_id: str, raw: bytes) -> str:
+    """The GPU's UUID as nvidia-smi prints it: from NVML, else from CUDA's 16 bytes.
+
+    CuPy returns CUDA's uuid as a C string, cut at the first zero byte, so it is only trusted when
+    all 16 bytes arrived.
+    """
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id))
+        return uuid.decode() if isinstance(uuid, bytes) else uuid
+    except Exception:
+        pass
+    if isinstance(raw, bytes) and len(raw) == 16:
+        h = raw.hex()
+        return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    return f"unknown (PCI {pci_bus_id})"
 
 
 def sharing_allowed(allow_sharing: bool) -> bool:
@@ -85,12 +98,13 @@ def select_device(comm, allow_sharing: bool = False) -> tuple[int, str]:
         device_id = comm.local_rank % n_visible
         how = f"node-local rank {comm.local_rank} of {comm.local_size}, {n_visible} GPUs visible"
     identity = gpu_identity(device_id)
-    uuids = comm.node.allgather(identity.uuid)
-    shared = [r for r, u in enumerate(uuids) if u == identity.uuid]
+    # The PCI bus id names a GPU uniquely within a node, whatever each rank's CUDA_VISIBLE_DEVICES.
+    uuids = comm.node.allgather(identity.pci_bus_id)
+    shared = [r for r, u in enumerate(uuids) if u == identity.pci_bus_id]
     problem = None
     if len(shared) > 1 and not sharing_allowed(allow_sharing):
         problem = (
-            f"node-local ranks {shared} on {comm.hostname} would all use GPU {identity.uuid}: "
+            f"node-local ranks {shared} on {comm.hostname} would all use GPU {identity.pci_bus_id} ({identity.uuid}): "
             f"expected one rank per GPU, found {comm.local_size} ranks for "
             f"{len(set(uuids))} distinct GPU(s). Start at most that many ranks per node, give each task "
             "its own GPU (Slurm: --gpus-per-task=1), or set HPCGPU_ALLOW_GPU_SHARING=1 to share on purpose."

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ctypes
 import os
 
+from hpcgpu.transport.events import exchange_event
+
 
 def mpi_is_cuda_aware() -> bool:
     """Whether the loaded MPI library says it supports CUDA device buffers.
@@ -60,10 +62,10 @@ class _DeviceMpiHandle:
         MPI.Request.Waitall(self.requests)
         arch = self.exchange.arch
         stream = arch.comm_stream
-        with stream:
+        with arch.on_stream(stream):
             self.transport._after_receive(self.exchange)
             self.exchange.unpack()
-        arch.compute_stream.wait_event(stream.record())
+        arch.compute_stream.wait_event(exchange_event(self.exchange, 'done', stream))
 
 
 class CudaAwareMpiTransport:
@@ -77,8 +79,8 @@ class CudaAwareMpiTransport:
     def start(self, exchange):
         arch, mpi = exchange.arch, self.comm.mpi
         stream = arch.comm_stream
-        stream.wait_event(arch.compute_stream.record())
-        with stream:
+        stream.wait_event(exchange_event(exchange, "ready", arch.compute_stream))
+        with arch.on_stream(stream):
             exchange.pack()
         stream.synchronize()  # MPI reads device memory outside any stream: the packing must be done
         requests = [mpi.Irecv(m.buffer, source=m.peer, tag=m.tag) for m in exchange.recvs]
@@ -112,8 +114,8 @@ class StagedMpiTransport:
         arch, mpi = exchange.arch, self.comm.mpi
         host_send, host_recv = self._staging(exchange)
         stream = arch.comm_stream
-        stream.wait_event(arch.compute_stream.record())
-        with stream:
+        stream.wait_event(exchange_event(exchange, "ready", arch.compute_stream))
+        with arch.on_stream(stream):
             exchange.pack()
             for m, host in zip(exchange.sends, host_send):
                 m.buffer.get(stream=stream, out=host)

@@ -22,6 +22,7 @@ import functools
 import numpy as np
 
 from hpcgpu.errors import BackendError
+from hpcgpu.transport.events import exchange_event
 
 
 def nccl_available() -> bool:
@@ -91,6 +92,8 @@ def nccl_communicator(comm):
 
 
 class _EventHandle:
+    __slots__ = ("compute_stream", "done_event")
+
     def __init__(self, compute_stream, done_event):
         self.compute_stream, self.done_event = compute_stream, done_event
 
@@ -106,25 +109,56 @@ class NcclTransport:
     def __init__(self, nccl_comm):
         self.nccl_comm = nccl_comm
 
-    def start(self, exchange):
+    def _operations(self, exchange):
+        operations = exchange.__dict__.get("_nccl_operations")
+        if operations is None:
+            # Pointers, counts and types never change for a planned exchange: resolve them once.
+            operations = exchange._nccl_operations = (
+                [(m.buffer.data.ptr, *_type_and_count(m.buffer), m.peer) for m in exchange.recvs],
+                [(m.buffer.data.ptr, *_type_and_count(m.buffer), m.peer) for m in exchange.sends],
+            )
+        return operations
+
+    def _enqueue(self, exchange, stream) -> None:
+        """Pack, one NCCL group of all receives and sends, unpack: all on ``stream`` (current)."""
         from cupy.cuda import nccl
 
+        receives, sends = self._operations(exchange)
+        exchange.pack()
+        if receives or sends:
+            nccl.groupStart()
+            for pointer, nccl_type, count, peer in receives:
+                self.nccl_comm.recv(pointer, count, nccl_type, peer, stream.ptr)
+            for pointer, nccl_type, count, peer in sends:
+                self.nccl_comm.send(pointer, count, nccl_type, peer, stream.ptr)
+            nccl.groupEnd()
+        exchange.unpack()
+
+    def _graph(self, exchange, stream):
+        graph = exchange.__dict__.get("_cuda_graph")
+        if graph is None:
+            with exchange.arch.on_stream(stream):
+                stream.begin_capture()
+                try:
+                    self._enqueue(exchange, stream)
+                finally:
+                    graph = stream.end_capture()
+            exchange._cuda_graph = graph
+        return graph
+
+    def start(self, exchange):
         arch = exchange.arch
         stream = arch.comm_stream
-        stream.wait_event(arch.compute_stream.record())
-        with stream:
-            exchange.pack()
-            if exchange.sends or exchange.recvs:
-                nccl.groupStart()
-                for m in exchange.recvs:
-                    nccl_type, count = _type_and_count(m.buffer)
-                    self.nccl_comm.recv(m.buffer.data.ptr, count, nccl_type, m.peer, stream.ptr)
-                for m in exchange.sends:
-                    nccl_type, count = _type_and_count(m.buffer)
-                    self.nccl_comm.send(m.buffer.data.ptr, count, nccl_type, m.peer, stream.ptr)
-                nccl.groupEnd()
-            exchange.unpack()
-        return _EventHandle(arch.compute_stream, stream.record())
+        # The communication stream starts once the compute stream has produced this step's fields.
+        stream.wait_event(exchange_event(exchange, "ready", arch.compute_stream))
+        if exchange.graph:
+            self._graph(exchange, stream).launch(stream)
+        elif exchange.needs_kernels:
+            with arch.on_stream(stream):
+                self._enqueue(exchange, stream)
+        else:
+            self._enqueue(exchange, stream)  # NCCL calls only: no CuPy work follows the current stream
+        return _EventHandle(arch.compute_stream, exchange_event(exchange, "done", stream))
 
 
 _NCCL_OPS = {"sum": "NCCL_SUM", "max": "NCCL_MAX", "min": "NCCL_MIN"}

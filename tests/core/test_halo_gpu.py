@@ -13,7 +13,7 @@ from tests.core.test_halo import CASES
 
 pytestmark = pytest.mark.gpu
 
-GPU_TRANSPORTS = ["nccl", "mpi-staged"]
+GPU_TRANSPORTS = ["nccl", "nccl-graph", "mpi-staged"]
 
 
 def _gpu_arch_or_skip(comm, transport_name):
@@ -36,14 +36,15 @@ def test_gpu_rank_ids_and_random_fields(comm, transport_name):
     from hpcgpu.halo.regions import directions, region_slices
     from hpcgpu.transport import make_transport
 
-    arch = _gpu_arch_or_skip(comm, transport_name)
-    transport = make_transport(transport_name, comm, arch)
+    arch = _gpu_arch_or_skip(comm, transport_name.replace("-graph", ""))
+    graph = transport_name.endswith("-graph")
+    transport = make_transport(transport_name.replace("-graph", ""), comm, arch)
     for shape, periodic in [((12,), (True,)), ((9, 10), (False, True)), ((6, 7, 8), (True, False, True))]:
         grid = hpcgpu.Decomposition(comm, shape, periodic=periodic)
         field = hpcgpu.Field(grid, arch, halo_width=2, dtype="int64")
         field.data[...] = -1
         field.interior[...] = comm.rank
-        hpcgpu.exchange_halos([field], transport=transport)
+        hpcgpu.exchange_halos([field], transport=transport, graph=graph)
         data = cupy.asnumpy(field.data)
         for d in directions(grid.ndim):
             neighbour = grid.neighbor(d)
@@ -56,7 +57,7 @@ def test_gpu_rank_ids_and_random_fields(comm, transport_name):
         for i, f in enumerate(fields):
             f.data[...] = cupy.nan
             f.scatter(global_array * (i + 1) if comm.rank == 0 else None)
-        pending = hpcgpu.exchange_halos(fields, wait=False, transport=transport)
+        pending = hpcgpu.exchange_halos(fields, wait=False, transport=transport, graph=graph)
         pending.wait()
         arch.synchronize()
         for i, f in enumerate(fields):
