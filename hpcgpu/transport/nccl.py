@@ -151,13 +151,16 @@ class NcclTransport:
         stream = arch.comm_stream
         # The communication stream starts once the compute stream has produced this step's fields.
         stream.wait_event(exchange_event(exchange, "ready", arch.compute_stream))
-        if exchange.graph:
+        if exchange.graph and exchange.__dict__.get("_graph_warm"):
             self._graph(exchange, stream).launch(stream)
         elif exchange.needs_kernels:
             with arch.on_stream(stream):
                 self._enqueue(exchange, stream)
         else:
             self._enqueue(exchange, stream)  # NCCL calls only: no CuPy work follows the current stream
+        # The first exchange runs eagerly, so NCCL connects its peers and CuPy compiles its kernels
+        # outside of any graph capture; later ones replay the captured graph.
+        exchange._graph_warm = True
         return _EventHandle(arch.compute_stream, exchange_event(exchange, "done", stream))
 
 
