@@ -144,6 +144,31 @@ class GPU:
         return f"GPU(device_id={self.device_id}, reason={self.reason!r})"
 
 
+def cpu_threads_per_rank(comm) -> int:
+    """CPU threads each rank may use: its allowed CPUs shared evenly by the ranks of its node."""
+    import os
+
+    return max(1, len(os.sched_getaffinity(0)) // max(1, comm.local_size))
+
+
+def _cpu(comm, reason: str) -> CPU:
+    """The CPU architecture, with Numba's thread count set so the ranks of a node do not oversubscribe.
+
+    Numba's parallel loops synchronise their threads at every kernel; with more threads than cores
+    (several ranks each starting one thread per core) those barriers make kernels 10-100x slower.
+    ``NUMBA_NUM_THREADS`` set by the user wins.
+    """
+    import os
+
+    threads = cpu_threads_per_rank(comm)
+    if "NUMBA_NUM_THREADS" not in os.environ:
+        import numba
+
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        reason += f"; {threads} Numba thread(s) per rank"
+    return CPU(reason=reason)
+
+
 def auto(comm, backend: str = "auto", allow_sharing: bool = False, bind_cpus: bool = False):
     """Collective: choose the architecture for every rank of ``comm``.
 
@@ -166,7 +191,7 @@ def auto(comm, backend: str = "auto", allow_sharing: bool = False, bind_cpus: bo
     if backend not in BACKENDS:
         raise ConfigurationError(f"--backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
     if backend == "numpy":
-        return CPU(reason="--backend numpy was requested")
+        return _cpu(comm, "--backend numpy was requested")
 
     from hpcgpu.runtime.device import probe_cupy, select_device
 
@@ -182,7 +207,7 @@ def auto(comm, backend: str = "auto", allow_sharing: bool = False, bind_cpus: bo
                 "Install the CUDA extra (pip install 'hpcgpu[cuda12]' or 'hpcgpu[cuda13]') on a GPU "
                 "node, or run with --backend numpy."
             )
-        return CPU(reason=f"no usable GPU ({detail}); using NumPy + Numba")
+        return _cpu(comm, f"no usable GPU ({detail}); using NumPy + Numba")
     device_id, how = select_device(comm, allow_sharing=allow_sharing)
     gpu = GPU(device_id, reason=f"{why}; {how}")
     if bind_cpus:

@@ -75,3 +75,48 @@ def is_contiguous(indices: np.ndarray) -> bool:
     return indices.size > 0 and int(indices[-1]) - int(indices[0]) + 1 == indices.size and bool(
         np.all(np.diff(indices) == 1)
     )
+
+
+def split_owned(local_shape: Sequence[int], halo_width: Sequence[int], rim_width: Sequence[int] | None = None):
+    """Cut the owned cells into an interior that needs no ghost cells and rim slabs that do.
+
+    Bounds are in padded indices, flattened per axis as ``(lo0, hi0, lo1, hi1, ...)`` (the region
+    format of the stencil kernels). The rim is ``rim_width`` cells thick per axis (default: the ghost
+    width, the reach of a stencil that fits the halo); along an axis with zero width there is no rim::
+
+        2D, rim 1:  +-----------+   slab 0: top rows     (full width)
+                    |   slab 0  |   slab 1: bottom rows  (full width)
+                    |s|       |s|   slab 2: left columns (between the row slabs)
+                    |2| inter |3|   slab 3: right columns
+                    |s|       |s|
+                    |   slab 1  |
+                    +-----------+
+
+    Returns
+    -------
+    interior : tuple of int, or None when the block is too thin to have one
+    rim : list of tuple of int, non-empty slabs covering owned minus interior
+    """
+    rim_width = tuple(halo_width if rim_width is None else rim_width)
+    lo = [w for w in halo_width]
+    hi = [w + n for w, n in zip(halo_width, local_shape)]
+    inner_lo = [l + r for l, r in zip(lo, rim_width)]
+    inner_hi = [h - r for h, r in zip(hi, rim_width)]
+    rim = []
+    current_lo, current_hi = list(lo), list(hi)
+    for axis, r in enumerate(rim_width):
+        if r == 0:
+            continue
+        for a, b in ((current_lo[axis], min(inner_lo[axis], current_hi[axis])),
+                     (max(inner_hi[axis], inner_lo[axis], current_lo[axis]), current_hi[axis])):
+            if b > a:
+                slab_lo, slab_hi = list(current_lo), list(current_hi)
+                slab_lo[axis], slab_hi[axis] = a, b
+                if all(h > l for l, h in zip(slab_lo, slab_hi)):
+                    rim.append(tuple(v for pair in zip(slab_lo, slab_hi) for v in pair))
+        current_lo[axis] = min(inner_lo[axis], current_hi[axis])
+        current_hi[axis] = max(inner_hi[axis], current_lo[axis])
+    interior = tuple(v for pair in zip(current_lo, current_hi) for v in pair)
+    if any(h <= l for l, h in zip(current_lo, current_hi)):
+        interior = None
+    return interior, rim

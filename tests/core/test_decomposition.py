@@ -62,3 +62,23 @@ def test_blocks_tile_the_grid_and_neighbours_are_consistent(comm):
                 assert back[mine] == comm.rank, (offset, str(grid))
             del theirs
         assert "Decomposition" in str(grid)
+
+
+@pytest.mark.parametrize("shape, halo, rim", [
+    ((5, 7), (1, 1), None), ((2, 9), (1, 1), None), ((1, 1), (1, 1), None), ((6, 5, 4), (2, 1, 1), None),
+    ((8, 8), (1, 0), None), ((9, 4), (2, 2), (1, 1)), ((3,), (1,), None),
+])
+def test_split_owned_covers_every_owned_cell_exactly_once(shape, halo, rim):
+    from hpcgpu.halo.regions import split_owned
+
+    interior, slabs = split_owned(shape, halo, rim)
+    count = np.zeros([n + 2 * w for n, w in zip(shape, halo)], dtype=int)
+    for region in ([interior] if interior else []) + slabs:
+        count[tuple(slice(region[2 * a], region[2 * a + 1]) for a in range(len(shape)))] += 1
+    owned = tuple(slice(w, w + n) for w, n in zip(halo, shape))
+    assert np.all(count[owned] == 1)
+    assert count.sum() == np.prod(shape)
+    if interior:
+        widths = rim or halo
+        for a, w in enumerate(widths):   # the interior never touches ghost cells
+            assert interior[2 * a] - w >= halo[a] and interior[2 * a + 1] + w <= halo[a] + shape[a]

@@ -1,0 +1,182 @@
+"""Lennard-Jones forces on owned atoms from a full neighbour list, with pair energy and virial.
+
+For owned atom i, ``f_i = sum_j F(r_ij) / r_ij * (r_i - r_j)`` over its full list (owned and ghost j).
+Energy and virial are sums over *pairs*; with a full list each pair is seen twice, so each side adds half::
+
+    E_pair = 1/2 sum_i sum_j E(r_ij)              (epsilon)
+    W      = 1/2 sum_i sum_j r_ij . f_ij          (epsilon), pressure uses W / (3 V)
+
+Across ranks, a pair split between two ranks contributes half on each: the global sums are simply the sum
+of the per-rank values, with no force communication back to the owners of ghosts.
+
+Precision: the pair math runs in the dtype of ``positions`` (float64 by default; float32 is the GPU fast
+path). Per-atom force sums and the energy/virial sums are always accumulated in float64, then forces are
+stored in the positions' dtype. The pair table is converted to that dtype by :func:`device_pair_table`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from ._arrays import THREADS_PER_BLOCK, _is_cupy, array_module, blocks_for, check_array, raw_kernel
+from .neighbors import NeighborList
+from .potential import LennardJones
+
+
+def device_pair_table(potential: LennardJones, like):
+    """The potential's pair table (n_types, n_types, 5) in the dtype and on the backend of array ``like``."""
+    xp = array_module(like)
+    return xp.asarray(potential.pair_table(dtype=like.dtype))
+
+
+def compute_forces(positions, types, neighbor_list: NeighborList, pair_table, forces,
+                   compute_energy: bool = True):
+    """Forces on the owned atoms; optionally the pair energy and virial of this rank.
+
+    Parameters
+    ----------
+    positions : array, shape (n_local + n_ghost, 3), float32/float64, sigma
+    types : array, shape (n_local + n_ghost,), int32, 0-based atom types
+    neighbor_list : NeighborList
+        Full list of the ``n_local`` owned atoms (valid for these positions).
+    pair_table : array, shape (n_types, n_types, 5), dtype of positions -- :func:`device_pair_table`
+    forces : array, shape (n_local, 3), dtype of positions -- overwritten (epsilon / sigma)
+    compute_energy : bool
+        If False the GPU kernel skips the energy/virial reductions (the hot path between thermo steps).
+
+    Returns
+    -------
+    array of shape (2,), float64, ``[E_pair, W]`` (epsilon) on the positions' backend, or None when
+    ``compute_energy`` is False. On the GPU reading it synchronises; keep it on the device until needed.
+    """
+    n_local = neighbor_list.n_local
+    n_total = positions.shape[0]
+    check_array("positions", positions, shape=(None, 3), dtypes=[np.float32, np.float64])
+    check_array("types", types, shape=(n_total,), dtypes=[np.int32], like=positions)
+    check_array("pair_table", pair_table, shape=(None, None, 5), dtypes=[positions.dtype], like=positions)
+    check_array("forces", forces, shape=(n_local, 3), dtypes=[positions.dtype], like=positions)
+    check_array("neighbor_list.neighbors", neighbor_list.neighbors, like=positions)
+    xp = array_module(positions)
+    if _is_cupy(positions):
+        energy_virial = xp.zeros(2, dtype=xp.float64)
+        if n_local > 0:
+            real_name = "float" if positions.dtype == np.float32 else "double"
+            kernel = raw_kernel(_CUDA_SOURCE, _NAMES, f"md_lj_forces<{real_name}>")
+            kernel((blocks_for(n_local),), (THREADS_PER_BLOCK,),
+                   (positions, types, neighbor_list.neighbors, neighbor_list.counts, np.int32(n_local),
+                    np.int32(neighbor_list.capacity), pair_table, np.int32(pair_table.shape[0]), forces,
+                    np.int32(bool(compute_energy)), energy_virial))
+        return energy_virial if compute_energy else None
+    energy_per_atom = np.empty(n_local, dtype=np.float64)
+    virial_per_atom = np.empty(n_local, dtype=np.float64)
+    _forces_cpu(positions, types, neighbor_list.neighbors, neighbor_list.counts, pair_table, forces,
+                energy_per_atom, virial_per_atom)
+    if not compute_energy:
+        return None
+    # Sequential sums of per-atom values keep the CPU result independent of the thread count.
+    return np.array([energy_per_atom.sum(), virial_per_atom.sum()])
+
+
+@numba.njit(parallel=True, cache=True)
+def _forces_cpu(positions, types, neighbors, counts, table, forces, energy_per_atom, virial_per_atom):
+    for i in numba.prange(forces.shape[0]):
+        xi, yi, zi = positions[i, 0], positions[i, 1], positions[i, 2]
+        type_i = types[i]
+        fx = 0.0
+        fy = 0.0
+        fz = 0.0
+        energy = 0.0
+        virial = 0.0
+        for k in range(counts[i]):
+            j = neighbors[k, i]
+            dx = xi - positions[j, 0]
+            dy = yi - positions[j, 1]
+            dz = zi - positions[j, 2]
+            rsq = dx * dx + dy * dy + dz * dz
+            type_j = types[j]
+            if rsq < table[type_i, type_j, 2]:
+                c12 = table[type_i, type_j, 0]
+                c6 = table[type_i, type_j, 1]
+                force_shift = table[type_i, type_j, 4]
+                inv_r2 = 1.0 / rsq
+                inv_r6 = inv_r2 * inv_r2 * inv_r2
+                force_over_r = (12.0 * c12 * inv_r6 - 6.0 * c6) * inv_r6 * inv_r2
+                pair_energy = (c12 * inv_r6 - c6) * inv_r6 - table[type_i, type_j, 3]
+                if force_shift != 0.0:
+                    r = math.sqrt(rsq)
+                    force_over_r -= force_shift / r
+                    pair_energy += force_shift * r
+                fx += dx * force_over_r
+                fy += dy * force_over_r
+                fz += dz * force_over_r
+                energy += pair_energy
+                virial += rsq * force_over_r
+        forces[i, 0] = fx
+        forces[i, 1] = fy
+        forces[i, 2] = fz
+        energy_per_atom[i] = 0.5 * energy
+        virial_per_atom[i] = 0.5 * virial
+
+
+_CUDA_SOURCE = r"""
+template <typename real>
+__global__ void md_lj_forces(const real* __restrict__ positions, const int* __restrict__ types,
+                             const int* __restrict__ neighbors, const int* __restrict__ counts,
+                             int n_local, int capacity, const real* __restrict__ table, int n_types,
+                             real* __restrict__ forces, int compute_energy, double* energy_virial) {
+    const int i = blockDim.x * blockIdx.x + threadIdx.x;
+    double energy = 0.0, virial = 0.0;
+    if (i < n_local) {
+        const real xi = positions[3 * i], yi = positions[3 * i + 1], zi = positions[3 * i + 2];
+        const real* row = table + 5 * n_types * types[i];
+        double fx = 0.0, fy = 0.0, fz = 0.0;   /* float64 accumulation even in the float32 path */
+        const int count = min(counts[i], capacity);
+        for (int k = 0; k < count; ++k) {
+            const int j = neighbors[(long long)k * n_local + i];   /* coalesced across the warp */
+            const real dx = xi - positions[3 * j];
+            const real dy = yi - positions[3 * j + 1];
+            const real dz = zi - positions[3 * j + 2];
+            const real rsq = dx * dx + dy * dy + dz * dz;
+            const real* pair = row + 5 * types[j];
+            if (rsq < pair[2]) {
+                const real inv_r2 = real(1) / rsq;
+                const real inv_r6 = inv_r2 * inv_r2 * inv_r2;
+                real force_over_r = (real(12) * pair[0] * inv_r6 - real(6) * pair[1]) * inv_r6 * inv_r2;
+                real pair_energy = (pair[0] * inv_r6 - pair[1]) * inv_r6 - pair[3];
+                const real force_shift = pair[4];
+                if (force_shift != real(0)) {
+                    const real r = sqrt(rsq);
+                    force_over_r -= force_shift / r;
+                    pair_energy += force_shift * r;
+                }
+                fx += (double)(dx * force_over_r);
+                fy += (double)(dy * force_over_r);
+                fz += (double)(dz * force_over_r);
+                if (compute_energy) {
+                    energy += (double)pair_energy;
+                    virial += (double)(rsq * force_over_r);
+                }
+            }
+        }
+        forces[3 * i] = (real)fx;
+        forces[3 * i + 1] = (real)fy;
+        forces[3 * i + 2] = (real)fz;
+    }
+    if (compute_energy) {
+        /* Warp-level sum, then one float64 atomic per warp (halved: each pair is seen twice). */
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            energy += __shfl_down_sync(0xffffffff, energy, offset);
+            virial += __shfl_down_sync(0xffffffff, virial, offset);
+        }
+        if ((threadIdx.x & 31) == 0) {
+            atomicAdd(energy_virial, 0.5 * energy);
+            atomicAdd(energy_virial + 1, 0.5 * virial);
+        }
+    }
+}
+"""
+
+_NAMES = ("md_lj_forces<float>", "md_lj_forces<double>")

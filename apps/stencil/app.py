@@ -1,0 +1,197 @@
+"""``apps.stencil``: a climate stencil on many GPUs (shallow water, Jacobi, 3D heat).
+
+The run loop, in order, on every rank::
+
+    parse options (same on every rank) -> choose backend -> decompose -> initialise the model
+    repeat: step (rim, halo exchange overlapped with the interior) -> progress -> NaN check
+    diagnostics -> checksum of the global state -> table and JSON summary (rank 0)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+import hpcgpu
+from hpcgpu.app.checksum import fields_checksum
+from hpcgpu.app.cli import common_parser, non_negative_int, parse_args, positive_int
+from hpcgpu.app.environment import environment
+from hpcgpu.app.progress import Progress
+from hpcgpu.app.summary import make_summary, write_json
+from hpcgpu.app.timers import PhaseTimers, format_timers
+from hpcgpu.errors import ConfigurationError, NumericalError
+
+MODELS = ("swe", "jacobi", "heat3d")
+
+DESCRIPTION = """\
+A climate stencil on many GPUs (one MPI rank per GPU, or NumPy + Numba on CPUs).
+
+models:
+  swe      nonlinear shallow water on a beta-plane channel (C-grid, periodic in x, walls in y);
+           --init jet (a balanced jet that rolls up into eddies), geostrophic (exact steady state)
+           or gaussian (a bump radiating gravity waves) [default model]
+  jacobi   2D Laplace 5-point Jacobi, the NVIDIA multi-GPU benchmark problem (fp32 by default)
+  heat3d   3D 7-point diffusion of one Fourier mode, checked against its exact discrete solution
+"""
+
+
+def build_parser(rank: int = 0):
+    parser = common_parser("apps.stencil", DESCRIPTION, rank=rank)
+    model = parser.add_argument_group("model")
+    model.add_argument("--model", choices=MODELS, default="swe", help="which model to run [swe]")
+    model.add_argument("--nx", type=positive_int, help="cells along x [swe 360, jacobi 4096, heat3d 128]")
+    model.add_argument("--ny", type=positive_int, help="cells along y [swe 180, jacobi 4096, heat3d 128]")
+    model.add_argument("--nz", type=positive_int, help="cells along z (heat3d) [128]")
+    model.add_argument("--dims", default=None, help="ranks per axis, slowest first, e.g. '2,2' or '*,1' [automatic]")
+    model.add_argument("--precision", choices=("fp32", "fp64"), default=None, help="[jacobi fp32, others fp64]")
+    model.add_argument("--norm-every", type=non_negative_int, default=100, metavar="N",
+                       help="jacobi: compute the residual norm every N iterations (0: never) [100]")
+    model.add_argument("--diffusion-number", type=float, default=0.1, metavar="R",
+                       help="heat3d: kappa dt / dx^2, at most 1/6 [0.1]")
+    model.add_argument("--modes", type=lambda s: tuple(int(v) for v in s.split(",")), default=(1, 2, 3),
+                       help="heat3d: wavenumbers kz,ky,kx of the initial mode [1,2,3]")
+    swe = parser.add_argument_group("shallow water (--model swe)")
+    swe.add_argument("--init", choices=("jet", "geostrophic", "gaussian"), default="jet", help="initial condition [jet]")
+    swe.add_argument("--days", type=float, default=None, help="simulated days (sets --steps from the time step) [25]")
+    swe.add_argument("--dt", type=float, default=None, help="time step in seconds [from the CFL condition]")
+    swe.add_argument("--cfl", type=float, default=0.5, help="Courant number used for the automatic time step [0.5]")
+    swe.add_argument("--dx", type=float, default=5000.0, help="grid spacing in metres (dx = dy) [5000]")
+    swe.add_argument("--viscosity", type=float, default=None, help="Laplacian viscosity in m^2/s [model default]")
+    swe.add_argument("--snapshot-every", type=non_negative_int, default=None, metavar="N",
+                     help="write a netCDF snapshot every N steps (0: none) [about 50 per run]")
+    swe.add_argument("--no-plot", action="store_true", help="do not write PNG plots")
+    perf = parser.add_argument_group("performance")
+    perf.add_argument("--graph", action="store_true", help="GPU: replay steps as CUDA graphs (pays for small grids)")
+    perf.add_argument("--nan-check-every", type=non_negative_int, default=100, metavar="N",
+                      help="stop with an error if the state holds NaN/Inf, checked every N steps (0: never) [100]")
+    return parser
+
+
+def parse_dims(text):
+    if text is None:
+        return None
+    try:
+        return tuple(0 if part.strip() in ("*", "0") else int(part) for part in text.split(","))
+    except ValueError:
+        raise ConfigurationError(f"--dims {text!r}: expected ranks per axis like '2,2' or '*,1'") from None
+
+
+def make_model(comm, arch, options):
+    if options.model == "jacobi":
+        from apps.stencil.jacobi.model import JacobiModel as Model
+    elif options.model == "heat3d":
+        from apps.stencil.heat3d.model import Heat3DModel as Model
+    else:
+        from apps.stencil.swe.model import SweModel as Model
+    for axis, value in Model.default_shape.items():
+        if getattr(options, axis) is None:
+            setattr(options, axis, value)
+    if options.precision is None:
+        options.precision = "fp32" if options.model == "jacobi" else "fp64"
+    return Model(comm, arch, options)
+
+
+def check_finite(comm, model) -> None:
+    """Collective: raise NumericalError on every rank if any rank's state holds NaN or Inf."""
+    local_ok = all(bool(model.arch.xp.isfinite(f.interior).all()) for f in model.fields)
+    if not comm.allreduce(int(local_ok), "min"):
+        bad = comm.mpi.allgather(local_ok)
+        raise NumericalError(
+            f"the {model.name} state holds NaN/Inf at step {model.step_index} (ranks "
+            f"{[r for r, ok in enumerate(bad) if not ok]}); expected finite values. The time step is "
+            "probably unstable: lower --dt or --cfl, or add --viscosity."
+        )
+
+
+def run(options, comm) -> dict:
+    """Run the configured model; returns the summary record (on every rank)."""
+    if options.checkpoint_every or options.restart or options.async_checkpoint:
+        raise ConfigurationError(
+            "checkpoint/restart is not available in apps.stencil yet (--checkpoint-every, --restart, "
+            "--async-checkpoint); run without them"
+        )
+    options.dims = parse_dims(options.dims)
+    arch = hpcgpu.arch.auto(comm, backend=options.backend, bind_cpus=options.bind_cpus)
+    model = make_model(comm, arch, options)
+    steps = options.steps if options.steps is not None else getattr(model, "steps", None) or model.default_steps
+    output = Path(options.output)
+    loud = comm.rank == 0 and not options.quiet
+    if comm.rank == 0:
+        output.mkdir(parents=True, exist_ok=True)
+    env = environment(comm, arch)
+    if comm.rank == 0:
+        write_json(output / "environment.json", {"environment": env, "options": vars(options)})
+    if loud:
+        print(f"apps.stencil {hpcgpu.__version__}: {model.describe()}")
+        print(f"backend: {arch.name} ({arch.reason})")
+        print(f"ranks: {comm.size} on {comm.n_nodes} node(s); {model.grid}")
+        if options.graph and not arch.is_gpu:
+            print("note: --graph has no effect on the CPU")
+        print(f"steps: {steps}", flush=True)
+    timers = PhaseTimers(arch)
+    progress = Progress(comm, steps, enabled=not options.quiet)
+    graph = None
+    comm.barrier()
+    arch.synchronize()
+    started = time.perf_counter()
+    while model.step_index < steps:
+        if graph is None and options.graph and arch.is_gpu and model.step_index >= 2:
+            from hpcgpu.app.graph import StepGraph
+
+            graph = StepGraph(arch, model, 2)
+        if graph is not None and model.step_index + 2 <= steps and model.capturable(2):
+            graph.launch(timers)
+        else:
+            model.step(timers)
+        if options.nan_check_every and model.step_index % options.nan_check_every == 0:
+            check_finite(comm, model)
+        progress.update(model.step_index, model.progress_note())
+        if hasattr(model, "after_step"):
+            model.after_step(timers, output, steps)
+    arch.synchronize()
+    wall = time.perf_counter() - started
+    check_finite(comm, model)
+    diagnostics = model.diagnostics()
+    checksum = fields_checksum(comm, model.fields)
+    timer_summary = timers.summary(comm, wall)
+    done = model.step_index
+    throughput = model.updates_per_step * done / wall if wall > 0 else 0.0
+    summary = make_summary(
+        app="apps.stencil", backend=arch.name, comm=comm,
+        decomposition={"dims": list(model.grid.dims), "global_shape": list(model.grid.global_shape),
+                       "periodic": list(model.grid.periodic)},
+        steps=done, wall_seconds=wall, throughput=throughput, unit=model.unit, timers=timer_summary,
+        diagnostics=diagnostics, checksum=checksum,
+        extra={"model": model.name, "precision": model.dtype, "updates_per_step": model.updates_per_step,
+               "graph": bool(graph), "transport": _transport_name(arch)},
+    )
+    if hasattr(model, "finish"):
+        model.finish(output, summary, plot=not options.no_plot)
+    if loud:
+        print()
+        print(f"{done} steps in {wall:.3f} s: {throughput / 1e9:.3f} G{model.unit} "
+              f"({throughput / 1e9 / comm.size:.3f} per rank)")
+        print(format_timers(timer_summary, wall))
+        for key, value in diagnostics.items():
+            print(f"{key:<24} {value}")
+        print(f"checksum {checksum}")
+    if comm.rank == 0 and options.summary:
+        write_json(options.summary, summary)
+    return summary
+
+
+def _transport_name(arch) -> str:
+    from hpcgpu.transport import auto_transport_name
+
+    return auto_transport_name(arch)
+
+
+def main(argv=None) -> int:
+    comm = hpcgpu.Communicator()
+    with hpcgpu.abort_on_error(comm):
+        options = parse_args(build_parser(comm.rank), argv)
+        run(options, comm)
+    return 0

@@ -1,0 +1,77 @@
+"""The Jacobi benchmark as an ``apps.stencil`` model (see :mod:`apps.stencil.jacobi.problem`)."""
+
+from __future__ import annotations
+
+import math
+
+import hpcgpu
+from apps.stencil.jacobi.problem import check_global_shape, fill_initial_state, fixed_local_columns
+from apps.stencil.jacobi.sweep import jacobi_sweep
+from apps.stencil.pingpong import PingPongStencil
+
+
+class JacobiModel:
+    """2D Laplace, 5-point Jacobi, periodic in y, Dirichlet columns at x = 0 and nx - 1.
+
+    Parameters
+    ----------
+    comm : hpcgpu.Communicator
+    arch : hpcgpu.arch.CPU or GPU
+    options : argparse.Namespace
+        Uses ``nx``, ``ny``, ``precision``, ``dims``, ``norm_every``.
+    """
+
+    name = "jacobi"
+    unit = "cell-updates/s"
+    default_shape = {"nx": 4096, "ny": 4096}
+    default_steps = 1000
+
+    def __init__(self, comm, arch, options):
+        self.comm, self.arch = comm, arch
+        ny, nx = check_global_shape((options.ny, options.nx))
+        self.global_shape = (ny, nx)
+        self.dtype = "float32" if options.precision == "fp32" else "float64"
+        self.grid = hpcgpu.Decomposition(comm, self.global_shape, dims=options.dims, periodic=(True, False))
+        self.norm_every = options.norm_every
+        self.fixed_columns = fixed_local_columns(self.grid.local_start[1], self.grid.local_shape[1], nx)
+        self.stencil = PingPongStencil(self.grid, arch, self.dtype, "a", self._sweep)
+        for field in (self.stencil.current, self.stencil.next):
+            padded_start = tuple(s for s in self.grid.local_start)
+            fill_initial_state(field.data, padded_start, self.global_shape)
+        self.stencil.exchange_current()
+        self.residual = arch.zeros(1, dtype="float64")
+        self.step_index = 0
+        self.norm = float("nan")
+        # Cells updated per sweep (the Dirichlet columns are not).
+        self.updates_per_step = ny * (nx - 2)
+
+    def _sweep(self, out, inp, region, residual):
+        jacobi_sweep(out, inp, region, self.fixed_columns, residual)
+
+    @property
+    def fields(self):
+        return [self.stencil.current]
+
+    def step(self, timers) -> None:
+        self.step_index += 1
+        want_norm = self.norm_every > 0 and self.step_index % self.norm_every == 0
+        if want_norm:
+            self.residual[...] = 0
+        self.stencil.step(timers, self.residual if want_norm else None)
+        if want_norm:
+            with timers.phase("communication"):
+                total = self.comm.allreduce(self.residual, "sum")
+            self.norm = math.sqrt(float(self.arch.to_host(total)[0]))
+
+    def capturable(self) -> bool:
+        """True if the next step does no host synchronisation (it can be a CUDA graph node)."""
+        return not (self.norm_every > 0 and (self.step_index + 1) % self.norm_every == 0)
+
+    def progress_note(self) -> str:
+        return f"residual {self.norm:.6e}" if self.norm == self.norm else ""
+
+    def diagnostics(self) -> dict:
+        return {"residual_l2": self.norm, "norm_every": self.norm_every}
+
+    def describe(self) -> str:
+        return f"Jacobi 2D Laplace {self.global_shape[0]} x {self.global_shape[1]} {self.dtype}, norm every {self.norm_every} steps"

@@ -1,0 +1,348 @@
+"""Benchmark of the stencil kernels (Jacobi 5-point, heat3d 7-point) on one device.
+
+On a GPU it first checks every Jacobi variant (and the heat3d kernel) against the CPU kernel on a
+small random case, bitwise, then times each variant with CUDA events: warm-up, then the median over
+repeats of a batch of sweeps that ping-pong between two buffers, with and without the residual, for a
+few launch shapes (the best one goes in the table, all of them in the JSON). Arrays are the padded
+local arrays of a single rank, ``(n + 2) x (n + 2)``, in two layouts: ``contiguous`` (row pitch
+``n + 2``, what ``Field.data`` is) and ``aligned`` (row pitch rounded up to 32 elements, which
+``march_vec4`` needs). Without a GPU it times the Numba CPU kernel against ``numpy.copyto`` on the
+same arrays instead.
+
+Throughput: one lattice update (LUP) per computed cell; effective bandwidth counts 2 x itemsize bytes
+per LUP (one read, one write: the ideal for a stencil whose neighbours come from cache).
+
+Usage::
+
+    python benchmarks/stencil_kernels.py --json jacobi.json            # 16384^2, fp32 and fp64
+    python benchmarks/stencil_kernels.py --size 4096 --quick           # fewer launch shapes
+    python benchmarks/stencil_kernels.py --backend cpu --size 8192     # CPU kernel vs numpy.copyto
+
+A variant that fails (compile error, mismatch, launch error) is reported in the table with its error;
+the others still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from apps.stencil.heat3d import heat3d_step  # noqa: E402
+from apps.stencil.jacobi import GPU_VARIANTS, jacobi_sweep, n_lattice_updates  # noqa: E402
+
+REFERENCE_COPY_TBS = 4.23  # H200 device-to-device copy, read + write bytes (shared/DEVICE.md)
+TUNING = {  # variant: launch shapes (threads_x, threads_y, rows_per_thread) tried
+    "simple": [(32, 8, 1), (64, 4, 1), (128, 2, 1), (256, 1, 1)],
+    "march": [(128, 1, 8), (256, 1, 8), (128, 1, 4), (128, 1, 16), (256, 1, 16)],
+    "march_vec2": [(128, 1, 8), (256, 1, 8), (64, 1, 8), (128, 1, 4), (128, 1, 16)],
+    "march_vec4": [(64, 1, 8), (128, 1, 8), (32, 1, 8), (64, 1, 4), (64, 1, 16)],
+}
+
+
+def parse_arguments(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=int, default=16384, help="owned cells per axis n (default 16384)")
+    parser.add_argument("--dtypes", default="float32,float64", help="comma-separated dtypes")
+    parser.add_argument("--variants", default=",".join(GPU_VARIANTS), help="comma-separated GPU variants")
+    parser.add_argument("--layouts", default="contiguous,aligned", help="contiguous and/or aligned")
+    parser.add_argument("--backend", choices=("auto", "gpu", "cpu"), default="auto")
+    parser.add_argument("--repeats", type=int, default=15, help="timed batches (median reported)")
+    parser.add_argument("--batch", type=int, default=10, help="sweeps per timed batch (even)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed batches first")
+    parser.add_argument("--quick", action="store_true", help="only the default launch shape per variant")
+    parser.add_argument("--heat3d-size", type=int, default=512, help="heat3d cube edge (0: skip heat3d)")
+    parser.add_argument("--json", help="write all results as JSON to this path")
+    arguments = parser.parse_args(argv)
+    arguments.batch += arguments.batch % 2  # ping-pong ends in the starting buffers
+    return arguments
+
+
+def gpu_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+# ------------------------------------------------------------------------------------------ checks
+def check_jacobi_variant(variant, dtype):
+    """Compare a GPU variant with the CPU kernel on a small random case; return None or the problem."""
+    import cupy
+
+    rng = np.random.default_rng(12)
+    shape, region, fixed = (70, 300), (2, 67, 1, 299), (1, 298)
+    inp = rng.standard_normal(shape).astype(dtype)
+    out = rng.standard_normal(shape).astype(dtype)
+    expected, expected_residual = out.copy(), np.zeros(1)
+    jacobi_sweep(expected, inp, region, fixed, expected_residual)
+    for launch in TUNING[variant][:2]:
+        out_gpu, residual = cupy.asarray(out), cupy.zeros(1)
+        jacobi_sweep(out_gpu, cupy.asarray(inp), region, fixed, residual, variant=variant,
+                     threads_x=launch[0], threads_y=launch[1], rows_per_thread=launch[2])
+        n_different = int(np.count_nonzero(cupy.asnumpy(out_gpu) != expected))
+        if n_different:
+            return f"MISMATCH: {n_different} cells differ from the CPU kernel (launch {launch})"
+        relative = abs(float(residual[0]) - expected_residual[0]) / expected_residual[0]
+        if relative > 1e-12:
+            return f"MISMATCH: residual off by {relative:.1e} relative (launch {launch})"
+    return None
+
+
+def check_heat3d(dtype):
+    import cupy
+
+    rng = np.random.default_rng(13)
+    inp = rng.standard_normal((20, 35, 70)).astype(dtype)
+    out = rng.standard_normal(inp.shape).astype(dtype)
+    region = (1, 19, 2, 34, 1, 69)
+    expected = out.copy()
+    heat3d_step(expected, inp, region, 0.15)
+    out_gpu = cupy.asarray(out)
+    heat3d_step(out_gpu, cupy.asarray(inp), region, 0.15)
+    n_different = int(np.count_nonzero(cupy.asnumpy(out_gpu) != expected))
+    return f"MISMATCH: {n_different} cells differ from the CPU kernel" if n_different else None
+
+
+# ------------------------------------------------------------------------------------------ timing
+def allocate_pair(n, dtype, layout):
+    """Two padded (n+2)^2 device arrays with the given layout, filled with random values."""
+    import cupy
+
+    width = n + 2
+    pitch = width if layout == "contiguous" else -(-width // 32) * 32
+    pair = []
+    for seed in (1, 2):
+        backing = cupy.random.default_rng(seed).random((width, pitch), dtype=np.float64).astype(dtype)
+        pair.append(backing[:, :width])
+    return pair
+
+
+def time_gpu_batches(run_sweep, arrays, arguments):
+    """Median and best time per sweep (ms) of batches of ping-pong sweeps, timed with CUDA events."""
+    import cupy
+
+    def batch():
+        a, b = arrays
+        for _ in range(arguments.batch):
+            run_sweep(b, a)
+            a, b = b, a
+
+    for _ in range(arguments.warmup):
+        batch()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(arguments.repeats):
+        start.record()
+        batch()
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop) / arguments.batch)
+    return statistics.median(times), min(times)
+
+
+def measure_copy_tbs(arrays, arguments):
+    """Device copy bandwidth (read + write bytes) on the same arrays, TB/s."""
+    import cupy
+
+    median_ms, _ = time_gpu_batches(lambda out, inp: cupy.copyto(out, inp), arrays, arguments)
+    return 2 * arrays[0].nbytes / (median_ms * 1e-3) / 1e12
+
+
+def row(kernel, variant, dtype, layout, residual, launch, n_updates, itemsize, median_ms, best_ms, status):
+    result = dict(kernel=kernel, variant=variant, dtype=dtype, layout=layout, residual=residual,
+                  launch=launch, status=status, ms_per_sweep=None, glups=None, tbs=None, percent_of_copy=None)
+    if median_ms is not None:
+        seconds = median_ms * 1e-3
+        result.update(ms_per_sweep=median_ms, best_ms=best_ms, glups=n_updates / seconds / 1e9,
+                      tbs=n_updates * 2 * itemsize / seconds / 1e12)
+        result["percent_of_copy"] = 100.0 * result["tbs"] / REFERENCE_COPY_TBS
+    return result
+
+
+def benchmark_gpu(arguments):
+    import cupy
+
+    results, checks = [], {}
+    n = arguments.size
+    region, fixed = (1, n + 1, 1, n + 1), (1, n)
+    n_updates = n_lattice_updates(region, fixed)
+    copy_tbs = {}
+    for dtype in arguments.dtypes.split(","):
+        itemsize = np.dtype(dtype).itemsize
+        for variant in arguments.variants.split(","):
+            try:
+                problem = check_jacobi_variant(variant, dtype)
+            except Exception as error:  # a failing variant must not stop the others
+                problem = f"error: {type(error).__name__}: {str(error).splitlines()[0][:150]}"
+            checks[f"jacobi/{variant}/{dtype}"] = problem or "ok"
+            print(f"check jacobi {variant:11s} {dtype}: {problem or 'bitwise equal to CPU'}", flush=True)
+        for layout in arguments.layouts.split(","):
+            arrays = allocate_pair(n, dtype, layout)
+            copy_tbs[f"{dtype}/{layout}"] = measure_copy_tbs(arrays, arguments)
+            residual_buffer = cupy.zeros(1)
+            for variant in arguments.variants.split(","):
+                launches = TUNING[variant][:1] if arguments.quick else TUNING[variant]
+                for with_residual in (False, True):
+                    residual = residual_buffer if with_residual else None
+                    for launch in launches:
+                        status = checks[f"jacobi/{variant}/{dtype}"]
+                        try:
+                            def run_sweep(out, inp, variant=variant, launch=launch, residual=residual):
+                                jacobi_sweep(out, inp, region, fixed, residual, variant=variant,
+                                             threads_x=launch[0], threads_y=launch[1], rows_per_thread=launch[2])
+
+                            median_ms, best_ms = time_gpu_batches(run_sweep, arrays, arguments)
+                        except Exception as error:
+                            median_ms = best_ms = None
+                            status = f"error: {type(error).__name__}: {str(error).splitlines()[0][:150]}"
+                        results.append(row("jacobi", variant, dtype, layout, with_residual, list(launch),
+                                           n_updates, itemsize, median_ms, best_ms, status))
+                        print(f"  {variant:11s} {dtype} {layout:10s} residual={with_residual!s:5s} "
+                              f"launch={launch}: {results[-1]['glups'] or 0:7.1f} GLUPS  {status}", flush=True)
+            del arrays
+            cupy.get_default_memory_pool().free_all_blocks()
+        if arguments.heat3d_size:
+            results.append(benchmark_heat3d_gpu(arguments, dtype, checks))
+    return results, checks, copy_tbs
+
+
+def benchmark_heat3d_gpu(arguments, dtype, checks):
+    import cupy
+
+    try:
+        problem = check_heat3d(dtype)
+    except Exception as error:
+        problem = f"error: {type(error).__name__}: {str(error).splitlines()[0][:150]}"
+    checks[f"heat3d/{dtype}"] = problem or "ok"
+    n = arguments.heat3d_size
+    region = (1, n + 1, 1, n + 1, 1, n + 1)
+    try:
+        arrays = [cupy.random.default_rng(seed).random((n + 2,) * 3, dtype=np.float64).astype(dtype) * 1e-3
+                  for seed in (1, 2)]
+        median_ms, best_ms = time_gpu_batches(lambda out, inp: heat3d_step(out, inp, region, 0.1), arrays, arguments)
+        status = problem or "ok"
+        del arrays
+    except Exception as error:
+        median_ms = best_ms = None
+        status = f"error: {type(error).__name__}: {str(error).splitlines()[0][:150]}"
+    cupy.get_default_memory_pool().free_all_blocks()
+    return row("heat3d", "march_z", dtype, "contiguous", False, None, n ** 3, np.dtype(dtype).itemsize,
+               median_ms, best_ms, status)
+
+
+def benchmark_cpu(arguments):
+    """Numba CPU kernel against numpy.copyto on the same arrays (wall-clock, median of repeats)."""
+    import numba
+
+    results, copy_tbs = [], {}
+    n = arguments.size
+    region, fixed = (1, n + 1, 1, n + 1), (1, n)
+    n_updates = n_lattice_updates(region, fixed)
+    repeats = max(3, min(arguments.repeats, 7))
+    for dtype in arguments.dtypes.split(","):
+        rng = np.random.default_rng(0)
+        arrays = [rng.random((n + 2, n + 2)).astype(dtype) for _ in range(2)]
+
+        def timed(function):
+            function()
+            samples = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                function()
+                samples.append(time.perf_counter() - start)
+            return statistics.median(samples) * 1e3, min(samples) * 1e3
+
+        copy_ms, _ = timed(lambda: np.copyto(arrays[1], arrays[0]))
+        copy = 2 * arrays[0].nbytes / (copy_ms * 1e-3) / 1e12
+        copy_tbs[dtype] = copy
+        residual = np.zeros(1)
+        for with_residual in (False, True):
+            median_ms, best_ms = timed(
+                lambda: jacobi_sweep(arrays[1], arrays[0], region, fixed, residual if with_residual else None)
+            )
+            result = row("jacobi", "cpu", dtype, "contiguous", with_residual, [numba.get_num_threads()],
+                         n_updates, np.dtype(dtype).itemsize, median_ms, best_ms, "ok")
+            result["percent_of_copy"] = 100.0 * result["tbs"] / copy
+            results.append(result)
+        del arrays
+    return results, {}, copy_tbs
+
+
+def best_rows(results):
+    """Best launch shape per (kernel, variant, dtype, layout, residual); failures kept as they are."""
+    best = {}
+    for result in results:
+        key = (result["kernel"], result["variant"], result["dtype"], result["layout"], result["residual"])
+        current = best.get(key)
+        if current is None or (result["glups"] or 0) > (current["glups"] or 0):
+            best[key] = result
+    return list(best.values())
+
+
+def print_table(results, copy_tbs, reference_name):
+    header = (f"{'kernel':7s} {'variant':11s} {'dtype':7s} {'layout':10s} {'resid':5s} {'launch':14s} "
+              f"{'ms/sweep':>9s} {'GLUPS':>8s} {'TB/s':>7s} {'%' + reference_name:>9s}  status")
+    print()
+    print(header)
+    print("-" * len(header))
+    for result in best_rows(results):
+        launch = "x".join(str(v) for v in result["launch"]) if result["launch"] else "-"
+        if result["ms_per_sweep"] is None:
+            numbers = f"{'-':>9s} {'-':>8s} {'-':>7s} {'-':>9s}"
+        else:
+            numbers = (f"{result['ms_per_sweep']:9.3f} {result['glups']:8.1f} {result['tbs']:7.3f} "
+                       f"{result['percent_of_copy']:8.1f}%")
+        print(f"{result['kernel']:7s} {result['variant']:11s} {result['dtype']:7s} {result['layout']:10s} "
+              f"{'yes' if result['residual'] else 'no':5s} {launch:14s} {numbers}  {result['status']}")
+    print("measured copy bandwidth (TB/s): " + ", ".join(f"{k} {v:.3f}" for k, v in copy_tbs.items()))
+
+
+def main(argv=None) -> int:
+    arguments = parse_arguments(argv)
+    use_gpu = arguments.backend == "gpu" or (arguments.backend == "auto" and gpu_available())
+    metadata = dict(benchmark="stencil_kernels", date=datetime.datetime.now().isoformat(timespec="seconds"),
+                    size=arguments.size, repeats=arguments.repeats, batch=arguments.batch,
+                    reference_copy_tbs=REFERENCE_COPY_TBS)
+    try:
+        if use_gpu:
+            import cupy
+
+            properties = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+            name = properties["name"]
+            metadata.update(backend="gpu", device=name.decode() if isinstance(name, bytes) else str(name),
+                            cupy=cupy.__version__)
+            results, checks, copy_tbs = benchmark_gpu(arguments)
+            reference_name = "4.23TB"
+        else:
+            import numba
+
+            metadata.update(backend="cpu", cpu_count=os.cpu_count(), numba_threads=numba.get_num_threads())
+            results, checks, copy_tbs = benchmark_cpu(arguments)
+            reference_name = "copyto"
+    except Exception:
+        traceback.print_exc()
+        return 1
+    if arguments.json:
+        with open(arguments.json, "w") as stream:
+            json.dump(dict(metadata, measured_copy_tbs=copy_tbs, checks=checks, results=results), stream, indent=1)
+    print_table(results, copy_tbs, reference_name)
+    failed = [name for name, status in checks.items() if status != "ok"]
+    if failed:
+        print("FAILED checks: " + ", ".join(failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
