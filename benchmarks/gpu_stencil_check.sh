@@ -8,7 +8,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 NGPU=$(nvidia-smi -L | wc -l)
 timeout 200 python3 benchmarks/stencil_kernels.py --json "$OUT/kernels.json" --quick > "$OUT/kernels.txt" 2>&1
 tail -25 "$OUT/kernels.txt"
-timeout 240 python3 -m pytest tests -m gpu -q -p no:cacheprovider -x > "$OUT/pytest_gpu.txt" 2>&1; tail -4 "$OUT/pytest_gpu.txt"
+timeout 300 python3 -m pytest tests/core tests/apps/stencil/jacobi tests/apps/stencil/heat3d tests/apps/md -m gpu -q -p no:cacheprovider > "$OUT/pytest_gpu.txt" 2>&1; tail -4 "$OUT/pytest_gpu.txt"
 J="-m apps.stencil --model jacobi --nx 16384 --ny 16384 --steps 1000 --nan-check-every 0 --quiet"
 for n in 1 2; do
   [ "$n" -le "$NGPU" ] || continue

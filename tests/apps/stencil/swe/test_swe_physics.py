@@ -164,7 +164,8 @@ def test_diagnostics_add_up_over_tiles():
     for rows in ((0, 3), (3, 9), (9, 12)):
         for columns in ((0, 5), (5, 16)):
             tile = tile_from_global(global_state, rows, columns, w, parameters)
-            for name, value in local_diagnostics(*tile, tile_parameters(parameters, rows[0], rows[1] - rows[0], w)).items():
+            params = tile_parameters(parameters, rows[0], rows[1] - rows[0], w)
+            for name, value in local_diagnostics(*tile, params).items():
                 totals[name] += value
     for name, value in expected.items():
         assert totals[name] == pytest.approx(value, rel=1e-12), name
