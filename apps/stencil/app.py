@@ -65,6 +65,9 @@ def build_parser(rank: int = 0):
     swe.add_argument("--no-plot", action="store_true", help="do not write PNG plots")
     perf = parser.add_argument_group("performance")
     perf.add_argument("--graph", action="store_true", help="GPU: replay steps as CUDA graphs (pays for small grids)")
+    perf.add_argument("--no-overlap", dest="overlap", action="store_false",
+                      help="exchange halos after the whole update instead of overlapping it with the interior "
+                           "(same results; shows what the overlap hides)")
     perf.add_argument("--nan-check-every", type=non_negative_int, default=100, metavar="N",
                       help="stop with an error if the state holds NaN/Inf, checked every N steps (0: never) [100]")
     return parser
@@ -138,7 +141,7 @@ def run(options, comm) -> dict:
     arch.synchronize()
     started = time.perf_counter()
     while model.step_index < steps:
-        if graph is None and options.graph and arch.is_gpu and model.step_index >= 2:
+        if graph is None and options.graph and arch.is_gpu and model.step_index >= 2 and model.capturable(2):
             from hpcgpu.app.graph import StepGraph
 
             graph = StepGraph(arch, model, 2)

@@ -40,6 +40,7 @@ class PhaseTimers:
         self.totals: dict[str, float] = {}
         self.counts: dict[str, int] = {}
         self._pending: list[tuple[str, object, object]] = []
+        self._free_events: list = []
         self._nvtx = _nvtx() if arch.is_gpu else None
         self.wall_started = time.perf_counter()
 
@@ -56,12 +57,12 @@ class PhaseTimers:
             import cupy
 
             stream = stream or self.arch.compute_stream
-            start = cupy.cuda.Event()
+            start = self._event(cupy)
             start.record(stream)
             try:
                 yield
             finally:
-                stop = cupy.cuda.Event()
+                stop = self._event(cupy)
                 stop.record(stream)
                 self._pending.append((name, start, stop))
                 if len(self._pending) >= _RESOLVE_EVERY:
@@ -74,6 +75,10 @@ class PhaseTimers:
                 yield
             finally:
                 self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - started
+
+    def _event(self, cupy):
+        # Creating a CUDA event costs microseconds; resolved events are reused.
+        return self._free_events.pop() if self._free_events else cupy.cuda.Event()
 
     def add(self, name: str, seconds: float) -> None:
         """Add host-measured seconds to a phase (for work timed elsewhere)."""
@@ -89,6 +94,7 @@ class PhaseTimers:
         self._pending[-1][2].synchronize()
         for name, start, stop in self._pending:
             self.totals[name] = self.totals.get(name, 0.0) + cupy.cuda.get_elapsed_time(start, stop) / 1e3
+            self._free_events += (start, stop)
         self._pending.clear()
 
     def local(self, wall_seconds: float | None = None) -> dict[str, float]:

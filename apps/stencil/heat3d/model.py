@@ -31,7 +31,7 @@ class Heat3DModel:
         self.r = check_stability(options.diffusion_number)
         self.modes = tuple(options.modes)
         self.grid = hpcgpu.Decomposition(comm, self.global_shape, dims=options.dims, periodic=True)
-        self.stencil = PingPongStencil(self.grid, arch, self.dtype, "u", self._sweep)
+        self.stencil = PingPongStencil(self.grid, arch, self.dtype, "u", self._sweep, overlap=options.overlap)
         self.stencil.current.set_from_global(
             lambda z, y, x: initial_condition(z, y, x, self.global_shape, self.modes, self.dtype)
         )
@@ -50,7 +50,7 @@ class Heat3DModel:
         self.step_index += 1
         self.stencil.step(timers)
 
-    def capturable(self) -> bool:
+    def capturable(self, n_steps: int = 1) -> bool:
         return True
 
     def progress_note(self) -> str:

@@ -34,7 +34,7 @@ class JacobiModel:
         self.grid = hpcgpu.Decomposition(comm, self.global_shape, dims=options.dims, periodic=(True, False))
         self.norm_every = options.norm_every
         self.fixed_columns = fixed_local_columns(self.grid.local_start[1], self.grid.local_shape[1], nx)
-        self.stencil = PingPongStencil(self.grid, arch, self.dtype, "a", self._sweep)
+        self.stencil = PingPongStencil(self.grid, arch, self.dtype, "a", self._sweep, overlap=options.overlap)
         for field in (self.stencil.current, self.stencil.next):
             padded_start = tuple(s for s in self.grid.local_start)
             fill_initial_state(field.data, padded_start, self.global_shape)
@@ -63,9 +63,11 @@ class JacobiModel:
                 total = self.comm.allreduce(self.residual, "sum")
             self.norm = math.sqrt(float(self.arch.to_host(total)[0]))
 
-    def capturable(self) -> bool:
-        """True if the next step does no host synchronisation (it can be a CUDA graph node)."""
-        return not (self.norm_every > 0 and (self.step_index + 1) % self.norm_every == 0)
+    def capturable(self, n_steps: int = 1) -> bool:
+        """True if the next ``n_steps`` steps do no host synchronisation (they can be a CUDA graph)."""
+        return not any(
+            self.norm_every > 0 and (self.step_index + k) % self.norm_every == 0 for k in range(1, n_steps + 1)
+        )
 
     def progress_note(self) -> str:
         return f"residual {self.norm:.6e}" if self.norm == self.norm else ""

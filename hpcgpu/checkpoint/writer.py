@@ -1,0 +1,255 @@
+"""Writing one checkpoint: rank files, the master file with Virtual Datasets, or one parallel file.
+
+The order of a save (driven by :class:`~hpcgpu.checkpoint.CheckpointManager`)::
+
+    every rank: snapshot to host -> describe its blocks -> allgather descriptions -> build the index
+    every rank: write rank_RRRRR.h5 into ckpt_N.tmp/, flush, fsync          (here)
+    rank 0:     write checkpoint.h5 (metadata, replicated state, index, VDS), fsync   (here)
+    all ranks:  agree that every file is durable (one reduction)
+    rank 0:     rename ckpt_N.tmp -> ckpt_N, fsync the parent directory, remove old checkpoints
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+
+import numpy as np
+
+from hpcgpu.checkpoint import layout
+from hpcgpu.checkpoint.filesystem import fault_point, fsync_path
+from hpcgpu.checkpoint.integrity import crc32, iter_tiles, tile_slices
+from hpcgpu.checkpoint.replicated import replicated_digests, write_replicated
+
+
+# ---------------------------------------------------------------------- index
+def describe(snapshot) -> dict:
+    """What this rank writes (small; allgathered so that every rank knows the whole index)."""
+    return {
+        "fields": {name: {"start": list(b.start), "shape": list(b.data.shape), "global_shape": list(b.global_shape),
+                          "dtype": layout.dtype_name(b.data.dtype), "dims": list(b.dims), "periodic": list(b.periodic)}
+                   for name, b in snapshot.fields.items()},
+        "particles": {name: {"count": int(a.shape[0]), "trailing": list(a.shape[1:]), "dtype": layout.dtype_name(a.dtype)}
+                      for name, a in snapshot.particles.items()},
+        "digests": replicated_digests(snapshot.replicated),
+    }
+
+
+def build_index(descriptions: list[dict]) -> tuple[dict, str | None]:
+    """Combine every rank's description into the index; also return a problem description or None.
+
+    Every rank runs this on the same allgathered list, so every rank finds the same problem and can
+    raise without another round of communication.
+    """
+    first = descriptions[0]
+    for rank, description in enumerate(descriptions):
+        for part in ("fields", "particles"):
+            if sorted(description[part]) != sorted(first[part]):
+                return {}, (f"rank {rank} saves {part} {sorted(description[part])} but rank 0 saves "
+                            f"{sorted(first[part])}; every rank must pass the same names")
+        for name, entry in description["fields"].items():
+            reference = first["fields"][name]
+            for key in ("global_shape", "dtype", "dims"):
+                if entry[key] != reference[key]:
+                    return {}, f"field {name!r}: rank {rank} has {key} {entry[key]}, rank 0 has {reference[key]}"
+        for name, entry in description["particles"].items():
+            reference = first["particles"][name]
+            for key in ("trailing", "dtype"):
+                if entry[key] != reference[key]:
+                    return {}, f"particles[{name!r}]: rank {rank} has {key} {entry[key]}, rank 0 has {reference[key]}"
+        differing = [key for key in set(first["digests"]) | set(description["digests"])
+                     if first["digests"].get(key) != description["digests"].get(key)]
+        if differing:
+            return {}, (f"replicated state differs between rank 0 and rank {rank} in {sorted(differing)}; replicated "
+                        "values must be identical on every rank (keep per-rank data in fields or particles)")
+    index = {"fields": {}, "particles": {"counts": [], "arrays": {}}}
+    for name, reference in first["fields"].items():
+        starts = [d["fields"][name]["start"] for d in descriptions]
+        shapes = [d["fields"][name]["shape"] for d in descriptions]
+        if sum(math.prod(s) for s in shapes) != math.prod(reference["global_shape"]):
+            return {}, f"field {name!r}: the ranks' blocks do not tile the global shape {reference['global_shape']}"
+        index["fields"][name] = {key: reference[key] for key in ("global_shape", "dtype", "dims", "periodic")}
+        index["fields"][name].update(starts=starts, shapes=shapes)
+    if first["particles"]:
+        index["particles"]["counts"] = [next(iter(d["particles"].values()))["count"] for d in descriptions]
+        index["particles"]["arrays"] = {name: {"trailing": e["trailing"], "dtype": e["dtype"]}
+                                        for name, e in first["particles"].items()}
+    return index, None
+
+
+def _write_index(group, index: dict) -> None:
+    for name, entry in index["fields"].items():
+        field_group = group.create_group(f"fields/{name}")
+        field_group.create_dataset("start", data=np.asarray(entry["starts"], dtype=np.int64))
+        field_group.create_dataset("shape", data=np.asarray(entry["shapes"], dtype=np.int64))
+        for key in ("global_shape", "dims"):
+            field_group.attrs[key] = np.asarray(entry[key], dtype=np.int64)
+        field_group.attrs["periodic"] = np.asarray(entry["periodic"], dtype=bool)
+        field_group.attrs["dtype"] = entry["dtype"]
+    particle_group = group.create_group("particles")
+    particle_group.create_dataset("count", data=np.asarray(index["particles"]["counts"], dtype=np.int64))
+    particle_group.attrs["arrays"] = json.dumps(index["particles"]["arrays"])
+
+
+def _root_attributes(handle, snapshot, index, app: str, n_ranks: int, storage: str, provenance: dict) -> None:
+    attrs = handle.attrs
+    attrs["format"] = layout.FORMAT
+    attrs["format_version"] = layout.FORMAT_VERSION
+    attrs["layout"] = storage
+    attrs["app"] = app
+    attrs["step"] = np.int64(snapshot.step)
+    attrs["n_ranks"] = np.int64(n_ranks)
+    attrs["created"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    attrs["hpcgpu_version"] = provenance.get("hpcgpu_version") or "unknown"
+    attrs["git_commit"] = provenance.get("git_commit") or "unknown"
+    attrs["metadata"] = json.dumps(snapshot.metadata, default=str)
+
+
+# ---------------------------------------------------------------------- per-rank files
+def _write_tiled(handle, path: str, array: np.ndarray, compression, checksum_path: str) -> None:
+    """Write ``array`` tile by tile (chunk = tile) and its CRC32 per tile.
+
+    One tile per HDF5 call keeps each call short, so a background writer lets the stepping thread
+    run between tiles (h5py holds the GIL during a call).
+    """
+    tile = layout.tile_shape(array.shape, array.dtype.itemsize)
+    grid = layout.tile_grid(array.shape, tile)
+    if array.size == 0:
+        handle.create_dataset(path, shape=array.shape, dtype=array.dtype)
+    else:
+        dataset = handle.create_dataset(path, shape=array.shape, dtype=array.dtype, chunks=tile,
+                                        compression=compression)
+    crcs = np.zeros(grid, dtype=np.uint32)
+    for index in iter_tiles(grid):
+        slices = tile_slices(index, tile, array.shape)
+        piece = np.ascontiguousarray(array[slices])
+        crcs[index] = crc32(piece)
+        dataset[slices] = piece
+    checksums = handle.create_dataset(checksum_path, data=crcs)
+    checksums.attrs["tile_shape"] = np.asarray(tile, dtype=np.int64)
+
+
+def write_rank_file(path, snapshot, rank: int, n_ranks: int, app: str, compression=None) -> None:
+    """Write this rank's blocks and particles with their checksums; flush and fsync."""
+    import h5py
+
+    snapshot.wait_ready()
+    with h5py.File(path, "w") as handle:
+        handle.attrs["format"] = layout.FORMAT
+        handle.attrs["format_version"] = layout.FORMAT_VERSION
+        handle.attrs["app"] = app
+        handle.attrs["step"] = np.int64(snapshot.step)
+        handle.attrs["rank"] = np.int64(rank)
+        handle.attrs["n_ranks"] = np.int64(n_ranks)
+        for number, (name, block) in enumerate(snapshot.fields.items()):
+            _write_tiled(handle, f"fields/{name}", block.data, compression, f"checksums/fields/{name}")
+            if number == 0:
+                handle.flush()
+                fault_point("mid-rank-file", rank)
+        for name, array in snapshot.particles.items():
+            _write_tiled(handle, f"particles/{name}", array, compression, f"checksums/particles/{name}")
+        handle.flush()
+    fsync_path(path)
+    fault_point("after-rank-file", rank)
+
+
+def write_master_file(path, snapshot, index: dict, app: str, n_ranks: int, provenance: dict) -> None:
+    """Rank 0: metadata, replicated state, index, and Virtual Datasets over the rank files; fsync."""
+    import h5py
+
+    with h5py.File(path, "w") as handle:
+        _root_attributes(handle, snapshot, index, app, n_ranks, layout.LAYOUT_PER_RANK, provenance)
+        for name, entry in index["fields"].items():
+            virtual = h5py.VirtualLayout(shape=tuple(entry["global_shape"]), dtype=np.dtype(entry["dtype"]))
+            for rank, (start, shape) in enumerate(zip(entry["starts"], entry["shapes"])):
+                # Relative source names: HDF5 resolves them next to the master file, so the
+                # directory can be renamed or moved as a whole.
+                source = h5py.VirtualSource(layout.rank_file_name(rank), f"fields/{name}", shape=tuple(shape))
+                virtual[tuple(slice(s, s + n) for s, n in zip(start, shape))] = source
+            handle.create_virtual_dataset(f"fields/{name}", virtual)
+        counts = index["particles"]["counts"]
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(int) if counts else [0]
+        for name, entry in index["particles"]["arrays"].items():
+            trailing, dtype = tuple(entry["trailing"]), np.dtype(entry["dtype"])
+            total = int(offsets[-1])
+            if total == 0:
+                handle.create_dataset(f"particles/{name}", shape=(0,) + trailing, dtype=dtype)
+                continue
+            virtual = h5py.VirtualLayout(shape=(total,) + trailing, dtype=dtype)
+            for rank, count in enumerate(counts):
+                if count:
+                    source = h5py.VirtualSource(layout.rank_file_name(rank), f"particles/{name}",
+                                                shape=(count,) + trailing)
+                    virtual[offsets[rank]:offsets[rank] + count] = source
+            handle.create_virtual_dataset(f"particles/{name}", virtual)
+        fault_point("mid-master", 0)
+        write_replicated(handle.create_group("replicated"), snapshot.replicated)
+        _write_index(handle.create_group("index"), index)
+        handle.flush()
+    fsync_path(path)
+
+
+# ---------------------------------------------------------------------- parallel HDF5
+def write_single_file(path, snapshot, index: dict, comm, app: str, provenance: dict) -> None:
+    """Every rank writes its blocks into one file with parallel HDF5 (collective for fields).
+
+    Needs h5py built with MPI (``h5py.get_config().mpi``). Every metadata operation (creating a
+    dataset or an attribute) is collective in parallel HDF5, so every rank creates every object with
+    the same arguments, in the same order; only the data writes differ. Checksums use the same
+    tiles as the per-rank layout, relative to each rank's block, stored per rank under
+    ``/checksums``. Not exercised by the CPU test suite (its h5py is serial).
+    """
+    import h5py
+
+    snapshot.wait_ready()
+    rank = comm.rank
+    with h5py.File(path, "w", driver="mpio", comm=comm.mpi) as handle:
+        _root_attributes(handle, snapshot, index, app, comm.size, layout.LAYOUT_SINGLE_FILE, provenance)
+        for name, entry in index["fields"].items():
+            dtype = np.dtype(entry["dtype"])
+            dataset = handle.create_dataset(f"fields/{name}", shape=tuple(entry["global_shape"]), dtype=dtype)
+            checksum_sets = _create_checksum_sets(handle, f"checksums/fields/{name}", entry["shapes"], dtype)
+            block = snapshot.fields[name]
+            with dataset.collective:
+                dataset[tuple(slice(s, s + n) for s, n in zip(block.start, block.data.shape))] = block.data
+            _fill_checksums(checksum_sets[rank], block.data)
+        counts = index["particles"]["counts"]
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(int) if counts else [0]
+        for name, entry in index["particles"]["arrays"].items():
+            trailing, dtype = tuple(entry["trailing"]), np.dtype(entry["dtype"])
+            dataset = handle.create_dataset(f"particles/{name}", shape=(int(offsets[-1]),) + trailing, dtype=dtype)
+            shapes = [[count] + list(trailing) for count in counts]
+            checksum_sets = _create_checksum_sets(handle, f"checksums/particles/{name}", shapes, dtype)
+            array = snapshot.particles[name]
+            if array.shape[0]:  # independent write: ranks without particles take no part
+                dataset[offsets[rank]:offsets[rank] + array.shape[0]] = array
+            _fill_checksums(checksum_sets[rank], array)
+        # Replicated state and index: identical on every rank, created collectively.
+        write_replicated(handle.create_group("replicated"), snapshot.replicated)
+        _write_index(handle.create_group("index"), index)
+    comm.barrier()
+    if rank == 0:
+        fsync_path(path)
+
+
+def _create_checksum_sets(handle, group_path: str, shapes, dtype) -> list:
+    group = handle.create_group(group_path)
+    sets = []
+    for rank, shape in enumerate(shapes):
+        tile = layout.tile_shape(shape, dtype.itemsize)
+        dataset = group.create_dataset(layout.rank_file_name(rank)[:-3], shape=layout.tile_grid(shape, tile),
+                                       dtype=np.uint32)
+        dataset.attrs["tile_shape"] = np.asarray(tile, dtype=np.int64)
+        sets.append(dataset)
+    return sets
+
+
+def _fill_checksums(dataset, array: np.ndarray) -> None:
+    tile = tuple(int(t) for t in dataset.attrs["tile_shape"])
+    grid = layout.tile_grid(array.shape, tile)
+    crcs = np.zeros(grid, dtype=np.uint32)
+    for index in iter_tiles(grid):
+        crcs[index] = crc32(array[tile_slices(index, tile, array.shape)])
+    if crcs.size:
+        dataset[...] = crcs

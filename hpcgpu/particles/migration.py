@@ -1,0 +1,98 @@
+"""Migration: particles that left this rank's sub-box move to the rank that owns them now.
+
+Call it on neighbour-list rebuild steps, after wrapping the positions into the periodic box. Between two
+rebuilds a particle moves by less than one sub-box, so its new owner is one of the 26 neighbours; a
+particle found farther away (a time step far too large, or an exploding system) is reported by a
+collective check on every rank instead of being lost.
+
+Rows are moved together: ``positions`` and every array of ``arrays`` (velocities, ids, types, ...).
+Kept particles stay first, in their old order; received particles follow in the order of the sending
+rank, then the sender's order -- deterministic for a given decomposition. CuPy arrays are staged through
+the host (only the leaving rows are copied).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hpcgpu.errors import NumericalError
+from hpcgpu.particles.messages import exchange
+
+_MIGRATION_TAG = 7001
+
+
+def _is_cupy(array) -> bool:
+    return type(array).__module__.startswith("cupy")
+
+
+def _pack(host_arrays, rows) -> np.ndarray:
+    """Rows of several arrays as one byte buffer, shape (n_rows, row_bytes)."""
+    parts = [np.ascontiguousarray(a[rows]).reshape(len(rows), int(np.prod(a.shape[1:], dtype=np.int64))).view(np.uint8)
+             for a in host_arrays]
+    return np.ascontiguousarray(np.concatenate(parts, axis=1)) if parts else np.empty((len(rows), 0), np.uint8)
+
+
+def _unpack(buffer, templates):
+    """Inverse of :func:`_pack`: arrays shaped and typed like ``templates`` (one row each)."""
+    arrays, start = [], 0
+    for template in templates:
+        row_shape = template.shape[1:]
+        width = template.dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
+        chunk = np.ascontiguousarray(buffer[:, start:start + width])
+        arrays.append(chunk.view(template.dtype).reshape((buffer.shape[0],) + row_shape))
+        start += width
+    return arrays
+
+
+def migrate(domain, positions, arrays: dict):
+    """Collective: hand particles outside this rank's sub-box to their owners; receive newcomers.
+
+    Parameters
+    ----------
+    domain : hpcgpu.particles.ParticleDomain
+    positions : array, shape (n_local, 3), float32/float64 (NumPy or CuPy) -- wrapped into the box
+    arrays : dict of name -> array with ``n_local`` rows (any dtype and trailing shape, same backend)
+
+    Returns
+    -------
+    positions : array, shape (n_local_new, 3)
+    arrays : dict, same names, ``n_local_new`` rows (kept rows first, then received ones)
+
+    Raises
+    ------
+    NumericalError
+        On every rank, if some particle is more than one sub-box away from its old owner.
+    """
+    xp = np
+    if _is_cupy(positions):
+        import cupy as xp
+    names = list(arrays)
+    lower = xp.asarray(domain.subbox.lower, dtype=positions.dtype)
+    upper = xp.asarray(domain.subbox.upper, dtype=positions.dtype)
+    outside = xp.any((positions < lower) | (positions >= upper), axis=1)
+    leaving = xp.nonzero(outside)[0]
+    kept = xp.nonzero(~outside)[0]
+    host_leaving = [positions[leaving]] + [arrays[name][leaving] for name in names]
+    if xp is not np:
+        host_leaving = [a.get() for a in host_leaving]
+    owners = domain.owner_ranks(host_leaving[0].astype(np.float64))
+    far = ~np.isin(owners, np.asarray(domain.neighbor_ranks, dtype=np.int64))
+    message = ""
+    if np.any(far):
+        first = int(np.nonzero(far)[0][0])
+        message = (f"{int(far.sum())} particle(s) moved farther than one sub-box since the last rebuild "
+                   f"(e.g. one now at {host_leaving[0][first].tolist()}, owned by rank {int(owners[first])}, "
+                   f"while this rank's sub-box is {domain.subbox.lower.tolist()} .. {domain.subbox.upper.tolist()}); "
+                   "expected at most one sub-box per rebuild interval. The system is probably unstable: lower "
+                   "the time step, rebuild more often, or use fewer ranks (larger sub-boxes).")
+    domain.comm.check(not np.any(far), message, error=NumericalError)
+    sends = [(peer, _MIGRATION_TAG, _pack(host_leaving, np.nonzero(owners == peer)[0])) for peer in domain.neighbor_ranks]
+    row_bytes = sum(a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64)) for a in host_leaving)
+    received = exchange(domain.mpi, sends, [(peer, _MIGRATION_TAG) for peer in domain.neighbor_ranks],
+                        np.uint8, (row_bytes,))
+    incoming = _unpack(np.concatenate(received) if received else np.empty((0, row_bytes), np.uint8), host_leaving)
+    result = []
+    for old, new in zip([positions] + [arrays[name] for name in names], incoming):
+        new = xp.asarray(new)
+        result.append(xp.ascontiguousarray(xp.concatenate([old[kept], new.astype(old.dtype)])))
+    return result[0], dict(zip(names, result[1:]))
