@@ -55,9 +55,9 @@ def build_parser(rank: int = 0):
                        help="heat3d: wavenumbers kz,ky,kx of the initial mode [1,2,3]")
     swe = parser.add_argument_group("shallow water (--model swe)")
     swe.add_argument("--init", choices=("jet", "geostrophic", "gaussian"), default="jet", help="initial condition [jet]")
-    swe.add_argument("--days", type=float, default=None, help="simulated days (sets --steps from the time step) [25]")
+    swe.add_argument("--days", type=float, default=None, help="simulated days (sets --steps from the time step) [6]")
     swe.add_argument("--dt", type=float, default=None, help="time step in seconds [from the CFL condition]")
-    swe.add_argument("--cfl", type=float, default=0.5, help="Courant number used for the automatic time step [0.5]")
+    swe.add_argument("--cfl", type=float, default=0.7, help="fraction of the stability limit used as time step [0.7]")
     swe.add_argument("--dx", type=float, default=5000.0, help="grid spacing in metres (dx = dy) [5000]")
     swe.add_argument("--viscosity", type=float, default=None, help="Laplacian viscosity in m^2/s [model default]")
     swe.add_argument("--snapshot-every", type=non_negative_int, default=None, metavar="N",
@@ -140,6 +140,8 @@ def run(options, comm) -> dict:
     comm.barrier()
     arch.synchronize()
     started = time.perf_counter()
+    if hasattr(model, "after_step"):
+        model.after_step(timers, output, steps)  # output of the initial state
     while model.step_index < steps:
         if graph is None and options.graph and arch.is_gpu and model.step_index >= 2 and model.capturable(2):
             from hpcgpu.app.graph import StepGraph

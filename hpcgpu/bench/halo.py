@@ -33,6 +33,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--layouts", default="rows,columns")
     parser.add_argument("--seconds", type=float, default=0.3, help="time budget per measurement")
+    parser.add_argument("--local-rows", type=int, default=2, help="rows layout: owned rows per rank [2]")
+    parser.add_argument("--periodic", action="store_true", help="periodic along the cut axis (2 ranks: one peer on both sides)")
+    parser.add_argument("--side-halo", type=int, default=0, help="ghost width along the uncut axis [0]")
     parser.add_argument("--json", default=None, help="write results to this JSON file")
 
 
@@ -50,19 +53,20 @@ def _usable_transports(arch, requested: str) -> list[str]:
     return names + ["mpi-staged"]
 
 
-def measure(comm, arch, transport, layout: str, n_values: int, dtype: str, seconds: float, graph: bool = False) -> float:
+def measure(comm, arch, transport, layout: str, n_values: int, dtype: str, seconds: float, graph: bool = False,
+            local_rows: int = 2, periodic: bool = False, side_halo: int = 0) -> float:
     """Seconds per exchange (max over ranks of the mean)."""
     import hpcgpu
 
     if layout == "rows":
-        grid = hpcgpu.Decomposition(comm, (2 * comm.size, n_values), dims=(comm.size, 1))
-        halo_width = (1, 0)
+        grid = hpcgpu.Decomposition(comm, (local_rows * comm.size, n_values), dims=(comm.size, 1), periodic=(periodic, False))
+        halo_width = (1, side_halo)
     else:
-        grid = hpcgpu.Decomposition(comm, (n_values, 2 * comm.size), dims=(1, comm.size))
-        halo_width = (0, 1)
+        grid = hpcgpu.Decomposition(comm, (n_values, local_rows * comm.size), dims=(1, comm.size), periodic=(False, periodic))
+        halo_width = (side_halo, 1)
     field = hpcgpu.Field(grid, arch, halo_width=halo_width, dtype=dtype)
     field.interior[...] = comm.rank
-    exchange = hpcgpu.HaloExchange([field], transport=transport, graph=graph)
+    exchange = hpcgpu.HaloExchange([field], corners=False, transport=transport, graph=graph)
     for _ in range(5):
         exchange.run()
     arch.synchronize()
@@ -102,7 +106,8 @@ def main(args) -> int:
             label = name + ("+graph" if graph else "")
             for layout in args.layouts.split(","):
                 for n_values in sizes:
-                    seconds = measure(comm, arch, transport, layout, n_values, args.dtype, args.seconds, graph)
+                    seconds = measure(comm, arch, transport, layout, n_values, args.dtype, args.seconds, graph,
+                                      args.local_rows, args.periodic, args.side_halo)
                     nbytes = n_values * itemsize
                     results.append({
                         "transport": label, "layout": layout, "values": n_values, "bytes": nbytes,

@@ -72,7 +72,8 @@ class PinnedPool:
 def _to_host(array, name, copy: bool, pool: PinnedPool | None, stream, keep_alive: list) -> np.ndarray:
     """Host copy of ``array`` (NumPy or CuPy). ``copy=False`` may return a view of a NumPy array."""
     if not _is_cupy(array):
-        return np.array(array, copy=True, order="C") if copy else np.ascontiguousarray(array)
+        # Synchronous saves write straight from the (possibly strided) interior view, tile by tile.
+        return np.array(array, copy=True, order="C") if copy else np.asarray(array)
     import cupy
 
     contiguous = cupy.ascontiguousarray(array)  # a strided interior view is packed on the device first

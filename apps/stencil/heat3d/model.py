@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import hpcgpu
+from hpcgpu.errors import ConfigurationError, NumericalError
 from apps.stencil.heat3d.problem import amplification_factor, check_stability, exact_solution, initial_condition
 from apps.stencil.heat3d.step import heat3d_step
 from apps.stencil.pingpong import PingPongStencil
@@ -28,7 +29,10 @@ class Heat3DModel:
         self.comm, self.arch = comm, arch
         self.global_shape = (options.nz, options.ny, options.nx)
         self.dtype = "float32" if options.precision == "fp32" else "float64"
-        self.r = check_stability(options.diffusion_number)
+        try:
+            self.r = check_stability(options.diffusion_number)
+        except NumericalError as exc:  # user input, the same on every rank
+            raise ConfigurationError(f"--diffusion-number: {exc}") from None
         self.modes = tuple(options.modes)
         self.grid = hpcgpu.Decomposition(comm, self.global_shape, dims=options.dims, periodic=True)
         self.stencil = PingPongStencil(self.grid, arch, self.dtype, "u", self._sweep, overlap=options.overlap)

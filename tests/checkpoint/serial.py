@@ -1,0 +1,87 @@
+"""In-process stand-ins for one rank, so single-rank checkpoint tests need no MPI launch.
+
+``SerialComm`` implements the few Communicator methods the checkpoint service uses; ``BoxGrid`` is a
+decomposition of which this process owns an arbitrary box, so one process can play any rank of any
+decomposition (to read a checkpoint as rank 2 of 3 would).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hpcgpu.errors import ConfigurationError
+
+
+class _SerialMpi:
+    def allgather(self, value):
+        return [value]
+
+    def bcast(self, value, root=0):
+        return value
+
+    def Dup(self):
+        return self
+
+    def Iallreduce(self, send, receive, op=None):
+        receive[...] = send
+        return _Done()
+
+    def Free(self):
+        pass
+
+
+class _Done:
+    def Test(self):
+        return True
+
+    def Wait(self):
+        return None
+
+
+class SerialComm:
+    rank, size = 0, 1
+    mpi = _SerialMpi()
+
+    def broadcast(self, value, root=0):
+        return value
+
+    def allreduce(self, value, op="sum"):
+        return value
+
+    def barrier(self):
+        pass
+
+    def check(self, ok, message="", error=ConfigurationError):
+        if not ok:
+            exc = error(message)
+            exc.replicated = True
+            raise exc
+
+
+class BoxGrid:
+    """The part of a decomposition a Field needs: this process owns ``[start, start + shape)``."""
+
+    def __init__(self, global_shape, start=None, shape=None, dims=None):
+        self.global_shape = tuple(global_shape)
+        self.ndim = len(self.global_shape)
+        self.local_start = tuple(start or (0,) * self.ndim)
+        self.local_shape = tuple(shape or self.global_shape)
+        self.local_stop = tuple(s + n for s, n in zip(self.local_start, self.local_shape))
+        self.dims = tuple(dims or (1,) * self.ndim)
+        self.periodic = (False,) * self.ndim
+
+
+class HostField:
+    """A Field-like object on the CPU (no ghost cells needed for I/O tests)."""
+
+    def __init__(self, grid, dtype="float64", name="f"):
+        import hpcgpu.arch
+
+        self.decomposition, self.name = grid, name
+        self.arch = hpcgpu.arch.CPU()
+        self.data = np.zeros(grid.local_shape, dtype=dtype)
+        self.interior = self.data
+
+    @property
+    def dtype(self):
+        return self.data.dtype
