@@ -3,7 +3,10 @@
 The run loop, in order, on every rank::
 
     parse options (same on every rank) -> choose backend -> decompose -> initialise the model
-    repeat: step (rim, halo exchange overlapped with the interior) -> progress -> NaN check
+    restart from a checkpoint (--restart latest|PATH), any rank count
+    repeat: step (rim, halo exchange overlapped with the interior) -> NaN check -> progress
+            -> checkpoint every --checkpoint-every steps -> on SIGTERM/SIGUSR1 or near the wall-time
+               limit: final checkpoint, exit 75 (requeue)
     diagnostics -> checksum of the global state -> table and JSON summary (rank 0)
 """
 
@@ -16,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 import hpcgpu
+from hpcgpu.app.checkpointing import RunControl
 from hpcgpu.app.checksum import fields_checksum
 from hpcgpu.app.cli import common_parser, non_negative_int, parse_args, positive_int
 from hpcgpu.app.environment import environment
@@ -111,11 +115,6 @@ def check_finite(comm, model) -> None:
 
 def run(options, comm) -> dict:
     """Run the configured model; returns the summary record (on every rank)."""
-    if options.checkpoint_every or options.restart or options.async_checkpoint:
-        raise ConfigurationError(
-            "checkpoint/restart is not available in apps.stencil yet (--checkpoint-every, --restart, "
-            "--async-checkpoint); run without them"
-        )
     options.dims = parse_dims(options.dims)
     arch = hpcgpu.arch.auto(comm, backend=options.backend, bind_cpus=options.bind_cpus)
     model = make_model(comm, arch, options)
@@ -134,20 +133,25 @@ def run(options, comm) -> dict:
         if options.graph and not arch.is_gpu:
             print("note: --graph has no effect on the CPU")
         print(f"steps: {steps}", flush=True)
+    control = RunControl(comm, options, app="apps.stencil", output=output, quiet=options.quiet)
+    restored = control.restore(fields={f.name: f for f in model.fields})
+    if restored is not None:
+        model.restore(restored.replicated, restored.step, vars(options))
     timers = PhaseTimers(arch)
-    progress = Progress(comm, steps, enabled=not options.quiet)
+    progress = Progress(comm, steps, enabled=not options.quiet, first=model.step_index)
     graph = None
     comm.barrier()
     arch.synchronize()
     started = time.perf_counter()
-    if hasattr(model, "after_step"):
+    if hasattr(model, "after_step") and restored is None:
         model.after_step(timers, output, steps)  # output of the initial state
     while model.step_index < steps:
         if graph is None and options.graph and arch.is_gpu and model.step_index >= 2 and model.capturable(2):
             from hpcgpu.app.graph import StepGraph
 
             graph = StepGraph(arch, model, 2)
-        if graph is not None and model.step_index + 2 <= steps and model.capturable(2):
+        if (graph is not None and model.step_index + 2 <= steps and model.capturable(2)
+                and not control.wants_save(model.step_index + 1)):
             graph.launch(timers)
         else:
             model.step(timers)
@@ -156,6 +160,8 @@ def run(options, comm) -> dict:
         progress.update(model.step_index, model.progress_note())
         if hasattr(model, "after_step"):
             model.after_step(timers, output, steps)
+        control.after_step(model.step_index, model.checkpoint_state, timers)
+    control.finish(model.step_index, model.checkpoint_state)
     arch.synchronize()
     wall = time.perf_counter() - started
     check_finite(comm, model)

@@ -74,6 +74,41 @@ class Heat3DModel:
             "diffusion_number": self.r,
         }
 
+
+    # ------------------------------------------------------------------ checkpoint / restart
+    def checkpoint_state(self) -> dict:
+        """What a checkpoint holds: the state fields (owned cells) and replicated scalars."""
+        return {"fields": {f.name: f for f in self.fields},
+                "replicated": {"model": self.name, "global_shape": list(self.grid.global_shape),
+                               "precision": self.dtype, "step": self.step_index, "time": self.time, **self._extra_state()}}
+
+    def restore(self, replicated: dict, step: int, options: dict) -> None:
+        """Continue from a loaded checkpoint (fields already filled); refuse an incompatible one."""
+        expected = {"model": self.name, "global_shape": list(self.grid.global_shape), "precision": self.dtype}
+        found = {key: (list(replicated[key]) if key == "global_shape" else replicated[key]) for key in expected}
+        if found != expected:
+            raise ConfigurationError(
+                f"the checkpoint holds {found} but this run is {expected}; restart with the same --model, "
+                "grid size and --precision (any number of ranks works)"
+            )
+        self.step_index = int(step)
+        self._restore_extra(replicated)
+        self.after_restore()
+
+    @property
+    def time(self) -> float:
+        return float(self.step_index)
+
+    def _extra_state(self) -> dict:
+        return {"diffusion_number": self.r, "modes": list(self.modes)}
+
+    def _restore_extra(self, replicated: dict) -> None:
+        if float(replicated["diffusion_number"]) != self.r or list(replicated["modes"]) != list(self.modes):
+            raise ConfigurationError("the checkpoint was written with another --diffusion-number or --modes")
+
+    def after_restore(self) -> None:
+        self.stencil.exchange_current()
+
     def describe(self) -> str:
         nz, ny, nx = self.global_shape
         return f"heat3d {nz} x {ny} x {nx} {self.dtype}, r = {self.r}, mode {self.modes}"

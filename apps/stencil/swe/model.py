@@ -182,6 +182,40 @@ class SweModel:
 
             plot_state(self, output / "swe_final.png")
 
+
+    # ------------------------------------------------------------------ checkpoint / restart
+    def checkpoint_state(self) -> dict:
+        """What a checkpoint holds: the state fields (owned cells) and replicated scalars."""
+        return {"fields": {f.name: f for f in self.fields},
+                "replicated": {"model": self.name, "global_shape": list(self.grid.global_shape),
+                               "precision": self.dtype, "step": self.step_index, "time": self.time, **self._extra_state()}}
+
+    def restore(self, replicated: dict, step: int, options: dict) -> None:
+        """Continue from a loaded checkpoint (fields already filled); refuse an incompatible one."""
+        expected = {"model": self.name, "global_shape": list(self.grid.global_shape), "precision": self.dtype}
+        found = {key: (list(replicated[key]) if key == "global_shape" else replicated[key]) for key in expected}
+        if found != expected:
+            raise ConfigurationError(
+                f"the checkpoint holds {found} but this run is {expected}; restart with the same --model, "
+                "grid size and --precision (any number of ranks works)"
+            )
+        self.step_index = int(step)
+        self._restore_extra(replicated)
+        self.after_restore()
+
+    def _extra_state(self) -> dict:
+        return {"dt": self.dt, "init": self.init_name}
+
+    def _restore_extra(self, replicated: dict) -> None:
+        if replicated["init"] != self.init_name:
+            raise ConfigurationError(f"the checkpoint was written with --init {replicated['init']}, not {self.init_name}")
+        # The time step of the run continues unchanged (recomputing it from the restored state
+        # would change the trajectory).
+        self.dt = float(replicated["dt"])
+
+    def after_restore(self) -> None:
+        self.exchange(self.state)
+
     def describe(self) -> str:
         p = self.parameters
         return (f"shallow water, beta-plane channel {p.nx} x {p.ny} cells of {p.dx / 1e3:g} km, init {self.init_name}, "

@@ -1,0 +1,109 @@
+"""Checkpoint, restart and preemption for an app's run loop (``--checkpoint-every``, ``--restart`` ...).
+
+The loop of an app reads::
+
+    control = RunControl(comm, options, app="apps.stencil", output=output, step_seconds=...)
+    restored = control.restore(fields)                  # None for a fresh start
+    while step < steps:
+        step = model.step()
+        control.after_step(step, state_fn)              # periodic save; stop on signal / time limit
+    control.finish(step, state_fn)
+
+``state_fn()`` returns ``{"fields": {...}, "particles": {...}, "replicated": {...}}`` for
+:meth:`hpcgpu.checkpoint.CheckpointManager.save`. A stop request (SIGTERM/SIGUSR1, the wall-time
+limit) writes a final checkpoint and ends every rank with :data:`EXIT_REQUEUE` (75), which the job
+scripts use to requeue; ``--restart latest`` then continues. ``--restart latest`` with no checkpoint at
+all is a fresh start (the first job of a chain).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpcgpu.errors import ConfigurationError
+
+#: How often (in steps) the ranks agree on whether to stop; one small allreduce each time.
+STOP_CHECK_EVERY = 10
+
+
+class RunControl:
+    """Checkpointing and stop requests of one run, configured from the common flags."""
+
+    def __init__(self, comm, options, app: str, output, quiet: bool = False):
+        from hpcgpu.checkpoint import EXIT_REQUEUE, CheckpointManager, Preemption
+
+        self.comm, self.options, self.app = comm, options, app
+        self.every = options.checkpoint_every
+        self.loud = comm.rank == 0 and not quiet
+        directory = Path(options.checkpoint_dir) if options.checkpoint_dir else Path(output) / "checkpoints"
+        self.manager = CheckpointManager(comm, directory, app=app, keep=options.keep,
+                                         asynchronous=options.async_checkpoint)
+        if options.wall_time_limit is not None and options.wall_time_limit <= 0:
+            raise ConfigurationError(f"--wall-time-limit must be positive seconds, got {options.wall_time_limit}")
+        self.preemption = Preemption(comm, wall_time_limit=options.wall_time_limit)
+        self.exit_code = EXIT_REQUEUE
+        self.last_saved_step = None
+        self._next_stop_check = STOP_CHECK_EVERY
+
+    def restore(self, fields=None, particles: bool = False, select_fn=None):
+        """Load ``--restart`` into ``fields`` (filled in place); returns the RestoredState or None."""
+        which = self.options.restart
+        if which is None:
+            return None
+        if which == "latest" and not self.manager.checkpoints():
+            if self.loud:
+                print(f"--restart latest: no checkpoint in {self.manager.directory}; starting from the beginning")
+            return None
+        restored = self.manager.load(which, fields=fields, particles=particles, particle_select_fn=select_fn)
+        self.last_saved_step = restored.step
+        if self.loud:
+            print(f"restarted from {restored.info.path} (step {restored.step}, written by {restored.info.n_ranks} ranks)")
+        return restored
+
+    def save(self, step: int, state_fn) -> None:
+        if self.last_saved_step == step:
+            return
+        state = state_fn()
+        self.manager.save(step, fields=state.get("fields"), particles=state.get("particles"),
+                          replicated=state.get("replicated"))
+        self.preemption.record_checkpoint_seconds(self.manager.last_save_seconds + self.manager.last_write_seconds)
+        self.last_saved_step = step
+
+    def wants_save(self, step: int) -> bool:
+        """True if a periodic checkpoint falls on ``step``."""
+        return bool(self.every) and step % self.every == 0
+
+    def after_step(self, step: int, state_fn, timers=None) -> None:
+        """Commit finished background writes, save every ``--checkpoint-every`` steps, honour stops."""
+        import contextlib
+
+        phase = timers.phase("io") if timers is not None else contextlib.nullcontext()
+        with phase:
+            if self.manager.asynchronous:
+                self.manager.poll()
+            if self.every and step % self.every == 0:
+                self.save(step, state_fn)
+        # Steps may advance by more than one (CUDA graphs replay several): check by threshold.
+        if step < self._next_stop_check:
+            return
+        self._next_stop_check = step + STOP_CHECK_EVERY
+        if self.preemption.should_stop(step):
+            self.save(step, state_fn)
+            self.manager.wait()
+            if self.loud:
+                print(f"stopping: {self.preemption.reason}; checkpoint of step {step} written to "
+                      f"{self.manager.directory}; exit code {self.exit_code} (requeue and run with --restart latest)",
+                      flush=True)
+            self.close()
+            raise SystemExit(self.exit_code)
+
+    def finish(self, step: int, state_fn) -> None:
+        """Write the final checkpoint when periodic checkpoints were asked for, and wait for writes."""
+        if self.every:
+            self.save(step, state_fn)
+        self.manager.wait()
+        self.close()
+
+    def close(self) -> None:
+        self.manager.close()
+        self.preemption.close()
