@@ -70,14 +70,40 @@ def compute_forces(positions, types, neighbor_list: NeighborList, pair_table, fo
                     np.int32(neighbor_list.capacity), pair_table, np.int32(pair_table.shape[0]), forces,
                     np.int32(bool(compute_energy)), energy_virial))
         return energy_virial if compute_energy else None
-    energy_per_atom = np.empty(n_local, dtype=np.float64)
-    virial_per_atom = np.empty(n_local, dtype=np.float64)
-    _forces_cpu(positions, types, neighbor_list.neighbors, neighbor_list.counts, pair_table, forces,
-                energy_per_atom, virial_per_atom)
+    energy_per_atom, virial_per_atom = _per_atom_cpu(positions, types, neighbor_list, pair_table, forces)
     if not compute_energy:
         return None
     # Sequential sums of per-atom values keep the CPU result independent of the thread count.
     return np.array([energy_per_atom.sum(), virial_per_atom.sum()])
+
+
+def compute_forces_per_atom(positions, types, neighbor_list: NeighborList, pair_table, forces):
+    """CPU only: forces as :func:`compute_forces`, returning each owned atom's share of E_pair and W.
+
+    Returns
+    -------
+    energy_per_atom, virial_per_atom : numpy.ndarray, shape (n_local,), float64 (epsilon)
+        Half of each pair's energy / virial goes to each atom, so the global sums over all atoms of all
+        ranks are ``E_pair`` and ``W``. The distributed driver sums them exactly
+        (:mod:`apps.md.reduction`), which makes thermo output independent of the decomposition.
+    """
+    n_local = neighbor_list.n_local
+    check_array("positions", positions, shape=(None, 3), dtypes=[np.float32, np.float64])
+    check_array("types", types, shape=(positions.shape[0],), dtypes=[np.int32], like=positions)
+    check_array("pair_table", pair_table, shape=(None, None, 5), dtypes=[positions.dtype], like=positions)
+    check_array("forces", forces, shape=(n_local, 3), dtypes=[positions.dtype], like=positions)
+    if _is_cupy(positions):
+        raise TypeError("compute_forces_per_atom runs on the CPU; on the GPU use compute_forces (per-rank sums)")
+    return _per_atom_cpu(positions, types, neighbor_list, pair_table, forces)
+
+
+def _per_atom_cpu(positions, types, neighbor_list, pair_table, forces):
+    n_local = neighbor_list.n_local
+    energy_per_atom = np.empty(n_local, dtype=np.float64)
+    virial_per_atom = np.empty(n_local, dtype=np.float64)
+    _forces_cpu(positions, types, neighbor_list.neighbors, neighbor_list.counts, pair_table, forces,
+                energy_per_atom, virial_per_atom)
+    return energy_per_atom, virial_per_atom
 
 
 @numba.njit(parallel=True, cache=True)

@@ -1,0 +1,310 @@
+"""``apps.md``: Lennard-Jones molecular dynamics on many ranks (``mpirun -np 8 lmp`` with ``bench/in.lj``).
+
+The run loop, in order, on every rank::
+
+    parse options (same on every rank) -> choose backend -> box and sub-boxes (3D, periodic)
+    -> this rank's atoms (lattice or LAMMPS data file) -> ghosts, neighbour list, forces
+    repeat: step (distributed.step: integrate, rebuild/migrate or ghost refresh, forces)
+            -> thermo line every --thermo-every steps -> H5MD frame every --dump-every steps -> progress
+    final thermo -> checksum (atoms sorted by id) -> data file, plot, table and JSON summary (rank 0)
+
+Checkpoint/restart is not wired yet: the state to store is ``distributed.owned_arrays`` + step + the
+Nose-Hoover record, and ``distributed.init`` rebuilds the rest on any rank count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+import hpcgpu
+from hpcgpu.app.checksum import hash_arrays
+from hpcgpu.app.cli import common_parser, non_negative_int, parse_args, positive_int
+from hpcgpu.app.environment import environment
+from hpcgpu.app.progress import Progress
+from hpcgpu.app.summary import make_summary, write_json
+from hpcgpu.app.timers import PhaseTimers, format_timers
+from hpcgpu.errors import ConfigurationError, NumericalError
+from hpcgpu.particles import ParticleDomain
+
+from . import distributed, system
+from .potential import lennard_jones
+from .serial import MDConfig
+from .thermo import format_thermo, thermo_header
+
+DESCRIPTION = """\
+Lennard-Jones molecular dynamics on many GPUs (one MPI rank per GPU, or NumPy + Numba on CPUs), in
+reduced LJ units. The defaults are the LAMMPS benchmark bench/in.lj: fcc lattice at density 0.8442,
+20 x 20 x 20 unit cells (32,000 atoms), T 1.44, cutoff 2.5, skin 0.3, dt 0.005, 100 steps, NVE.
+
+Parallel algorithm: 3D spatial decomposition into equal periodic sub-boxes; ghost atoms within
+cutoff + skin copied from the 26 neighbouring ranks every step; atoms migrate on neighbour-list
+rebuilds, which happen when any atom on any rank moved more than skin/2. Thermo output
+(Step Temp E_pair TotEng Press, energies per atom) is the same on any number of ranks.
+"""
+
+
+def _cells(text: str) -> tuple[int, int, int]:
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ConfigurationError(f"--cells {text!r}: expected N or NX,NY,NZ positive integers") from None
+    if len(values) == 1:
+        values *= 3
+    if len(values) != 3 or min(values) < 1:
+        raise ConfigurationError(f"--cells {text!r}: expected N or NX,NY,NZ positive integers")
+    return tuple(values)
+
+
+def _dims(text):
+    if text is None:
+        return None
+    try:
+        values = tuple(0 if part.strip() in ("*", "0") else int(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3 or min(values) < 0:
+        raise ConfigurationError(f"--dims {text!r}: expected ranks along x,y,z like '2,2,2' or '*,*,1'")
+    return values
+
+
+def build_parser(rank: int = 0):
+    parser = common_parser("apps.md", DESCRIPTION, rank=rank, default_steps=100)
+    atoms = parser.add_argument_group("system")
+    atoms.add_argument("--lattice", choices=("fcc", "bcc", "sc"), default="fcc", help="initial lattice [fcc]")
+    atoms.add_argument("--density", type=float, default=0.8442, help="reduced number density [0.8442]")
+    atoms.add_argument("--cells", default="20", help="unit cells per axis: N or NX,NY,NZ [20]")
+    atoms.add_argument("--temperature", type=float, default=1.44,
+                       help="initial temperature of the id-keyed Maxwell-Boltzmann velocities [1.44]")
+    atoms.add_argument("--data", metavar="FILE", help="start from a LAMMPS data file (atom_style atomic) instead")
+    atoms.add_argument("--write-data", metavar="FILE", help="write the final state as a LAMMPS data file")
+    model = parser.add_argument_group("interactions and dynamics")
+    model.add_argument("--potential", choices=("plain", "shift", "force_shift"), default="plain",
+                       help="LJ cut: plain (lj/cut), shift (energy shifted to 0 at the cutoff), force_shift "
+                            "(lj/smooth/linear: energy and force continuous) [plain]")
+    model.add_argument("--cutoff", type=float, default=2.5, help="pair cutoff (sigma) [2.5]")
+    model.add_argument("--tail", action="store_true", help="add tail corrections to E_pair and Press (plain cut)")
+    model.add_argument("--dt", type=float, default=0.005, help="time step (tau) [0.005]")
+    model.add_argument("--thermostat", choices=("none", "langevin", "nose-hoover"), default="none",
+                       help="none (NVE), langevin (NVT, noise keyed by seed/step/atom id), nose-hoover (NVT) [none]")
+    model.add_argument("--target-temperature", type=float, default=None,
+                       help="thermostat target temperature [--temperature]")
+    model.add_argument("--damping", type=float, default=1.0,
+                       help="Langevin relaxation time / Nose-Hoover period (tau) [1.0]")
+    model.add_argument("--precision", choices=("fp64", "fp32"), default="fp64",
+                       help="fp64, or fp32 positions and pair forces with fp64 force/energy accumulation "
+                            "(the GPU fast path) [fp64]")
+    neighbor = parser.add_argument_group("neighbour lists and decomposition")
+    neighbor.add_argument("--skin", type=float, default=0.3, help="neighbour skin (sigma) [0.3]")
+    neighbor.add_argument("--rebuild-every", type=positive_int, default=1, metavar="N",
+                          help="consider a rebuild every N steps (LAMMPS neigh_modify every N) [1]")
+    neighbor.add_argument("--no-check", action="store_true",
+                          help="rebuild every --rebuild-every steps unconditionally (neigh_modify check no)")
+    neighbor.add_argument("--dims", default=None,
+                          help="ranks along x,y,z (LAMMPS 'processors'), e.g. '2,2,2' or '*,*,1' [automatic]")
+    output = parser.add_argument_group("thermo and trajectory output")
+    output.add_argument("--thermo-every", type=non_negative_int, default=50, metavar="N",
+                        help="print Step Temp E_pair TotEng Press every N steps (0: first and last only) [50]")
+    output.add_argument("--dump-every", type=non_negative_int, default=0, metavar="N",
+                        help="write an H5MD frame (OUTPUT/trajectory.h5) every N steps (0: none) [0]")
+    output.add_argument("--no-plot", action="store_true", help="do not write OUTPUT/thermo.png")
+    return parser
+
+
+def make_config(options) -> MDConfig:
+    thermostat = {"none": None, "langevin": "langevin", "nose-hoover": "nose_hoover"}[options.thermostat]
+    target = options.temperature if options.target_temperature is None else options.target_temperature
+    for name, value in (("--dt", options.dt), ("--cutoff", options.cutoff), ("--damping", options.damping)):
+        if not value > 0:
+            raise ConfigurationError(f"{name}: expected a positive value, found {value}")
+    if not options.skin >= 0:
+        raise ConfigurationError(f"--skin: expected a value >= 0, found {options.skin}")
+    if options.tail and options.potential != "plain":
+        raise ConfigurationError(f"--tail: tail corrections assume the plain cut, found --potential {options.potential}; "
+                                 "drop --tail or use --potential plain")
+    return MDConfig(potential=lennard_jones(cutoff=options.cutoff, variant=options.potential), dt=options.dt,
+                    skin=options.skin, rebuild_every=options.rebuild_every, rebuild_check=not options.no_check,
+                    thermostat=thermostat, temperature=target, damping=options.damping, seed=options.seed,
+                    tail_correction=options.tail)
+
+
+def build_state(comm, arch, options, config):
+    """Collective: domain and initial state from the lattice options or ``--data``; returns (state, atoms)."""
+    dims = _dims(options.dims)
+    if options.data:
+        data = system.read_data_everywhere(comm, options.data)
+        if data.masses.size != config.potential.n_types:
+            # One LJ type per data-file type, all with epsilon = sigma = 1 (per-type LJ options: future work).
+            config = dataclasses.replace(config, potential=lennard_jones(
+                cutoff=options.cutoff, variant=options.potential, epsilon=np.ones(data.masses.size),
+                sigma=np.ones(data.masses.size)))
+        domain = ParticleDomain(comm, data.box, config.ghost_width, dims=dims)
+        atoms = system.data_atoms(domain, data, options.temperature, options.seed)
+    else:
+        cells = _cells(options.cells)
+        domain = ParticleDomain(comm, system.lattice_box(options.lattice, options.density, cells),
+                                config.ghost_width, dims=dims)
+        atoms = system.lattice_atoms(domain, options.lattice, options.density, cells, options.temperature,
+                                     options.seed)
+    dtype = np.float64 if options.precision == "fp64" else np.float32
+    state = distributed.init(domain, atoms.positions, atoms.velocities, config, types=atoms.types,
+                             masses=atoms.masses, atom_ids=atoms.atom_ids, images=atoms.images, xp=arch.xp,
+                             dtype=dtype)
+    return state, atoms, config
+
+
+def run(options, comm) -> dict:
+    """Run the configured simulation; returns the summary record (on every rank)."""
+    if options.checkpoint_every or options.restart or options.async_checkpoint:
+        raise ConfigurationError("checkpoint/restart is not available in apps.md yet (--checkpoint-every, "
+                                 "--restart, --async-checkpoint); run without them")
+    config = make_config(options)
+    arch = hpcgpu.arch.auto(comm, backend=options.backend, bind_cpus=options.bind_cpus)
+    output = Path(options.output)
+    loud = comm.rank == 0 and not options.quiet
+    if comm.rank == 0:
+        output.mkdir(parents=True, exist_ok=True)
+    env = environment(comm, arch)
+    if comm.rank == 0:
+        write_json(output / "environment.json", {"environment": env, "options": vars(options)})
+    setup_started = time.perf_counter()
+    state, atoms, config = build_state(comm, arch, options, config)
+    setup_seconds = time.perf_counter() - setup_started
+    timers = PhaseTimers(arch)
+    domain = state.domain
+    steps = options.steps if options.steps is not None else 100
+    thermo_every = options.thermo_every or max(steps, 1)
+    if loud:
+        print(f"apps.md {hpcgpu.__version__}: Lennard-Jones MD, {atoms.description}")
+        print(f"box {' x '.join(f'{v:.6g}' for v in domain.box)} sigma; {config.potential.variant} cut "
+              f"{config.potential.max_cutoff:g}, skin {config.skin:g}, dt {config.dt:g}, "
+              f"thermostat {options.thermostat}, {options.precision}"
+              f"{' (fp32 pair forces, fp64 accumulation)' if options.precision == 'fp32' else ''}")
+        print(f"backend: {arch.name} ({arch.reason})")
+        print(f"ranks: {comm.size} on {comm.n_nodes} node(s); {domain.describe()}")
+        print(f"steps: {steps}", flush=True)
+        print(thermo_header())
+    writer = _open_trajectory(comm, state, output, options, config)
+    history, conserved = [], []
+
+    def sample_thermo():
+        with timers.phase("thermo"):
+            sample = distributed.thermo(state, config)
+            conserved.append(distributed.conserved_energy(state, config, sample))
+        if not all(math.isfinite(v) for v in sample[1:]):
+            raise NumericalError(f"thermo at step {sample.step} is not finite ({format_thermo(sample).strip()}); "
+                                 "expected finite energies. The time step is probably too large: lower --dt.")
+        history.append(sample)
+        if loud:
+            print(format_thermo(sample), flush=True)
+        return sample
+
+    sample_thermo()
+    if writer is not None:
+        _dump(comm, state, writer, history[-1], timers)
+    progress = Progress(comm, steps, enabled=not options.quiet)
+    comm.barrier()
+    arch.synchronize()
+    started = time.perf_counter()
+    for _ in range(steps):
+        next_step = state.step + 1
+        want_thermo = next_step % thermo_every == 0 or next_step == steps
+        distributed.step(state, config, compute_energy=want_thermo, timers=timers)
+        sample = sample_thermo() if want_thermo else None
+        if writer is not None and options.dump_every and state.step % options.dump_every == 0:
+            _dump(comm, state, writer, sample, timers)
+        progress.update(state.step)
+    arch.synchronize()
+    wall = time.perf_counter() - started
+    with timers.phase("io"):
+        gathered = distributed.gather_by_id(state)
+    checksum = hash_arrays([(name, gathered[name]) for name in ("atom_ids", "types", "positions", "images",
+                                                                 "velocities")]) if comm.rank == 0 else None
+    checksum = comm.broadcast(checksum)
+    diagnostics = _diagnostics(comm, state, config, history, conserved)
+    diagnostics["setup_seconds"] = setup_seconds
+    timer_summary = timers.summary(comm, wall)
+    throughput = state.n_atoms * steps / wall if wall > 0 else 0.0
+    summary = make_summary(
+        app="apps.md", backend=arch.name, comm=comm,
+        decomposition={"dims": list(domain.dims), "axes": "x,y,z", "box": domain.box.tolist(), "periodic": [True] * 3},
+        steps=steps, wall_seconds=wall, throughput=throughput, unit="atom-steps/s", timers=timer_summary,
+        diagnostics=diagnostics, checksum=checksum,
+        extra={"n_atoms": state.n_atoms, "precision": options.precision, "thermostat": options.thermostat,
+               "potential": config.potential.variant,
+               "thermo": [dict(zip(("step", "temp", "e_pair", "toteng", "press"), s)) for s in history]},
+    )
+    if comm.rank == 0:
+        if writer is not None:
+            writer.close()
+        if options.write_data:
+            system.write_gathered(options.write_data, gathered, domain.box, atoms.masses,
+                                  f"LAMMPS data file written by hpcgpu apps.md at step {state.step}")
+        if not options.no_plot and history:
+            from .plot import plot_thermo
+
+            plot_thermo(output / "thermo.png", history, f"apps.md: {state.n_atoms} atoms, {comm.size} rank(s)")
+    if loud:
+        print()
+        print(f"{steps} steps of {state.n_atoms} atoms in {wall:.3f} s: {throughput:,.4g} atom-steps/s "
+              f"({throughput / comm.size:,.4g} per rank)")
+        print(format_timers(timer_summary, wall))
+        for key in ("energy_drift", "neighbor_builds", "neighbor_reallocations", "atoms_per_rank", "ghosts_per_rank"):
+            print(f"{key:<24} {diagnostics[key]}")
+        print(f"checksum {checksum}")
+    if comm.rank == 0 and options.summary:
+        write_json(options.summary, summary)
+    return summary
+
+
+def _open_trajectory(comm, state, output, options, config):
+    """Rank 0's H5MD writer when --dump-every is set (the atom order is fixed: sorted ids)."""
+    if not options.dump_every:
+        return None
+    ids_and_types = distributed.gather_by_id(state)
+    if comm.rank != 0:
+        return object()   # a placeholder: other ranks only take part in the gathers
+    from .h5md import H5MDWriter
+
+    return H5MDWriter(output / "trajectory.h5", state.box, ids_and_types["atom_ids"], ids_and_types["types"],
+                      config.dt)
+
+
+def _dump(comm, state, writer, sample, timers) -> None:
+    with timers.phase("io"):
+        gathered = distributed.gather_by_id(state)
+        if comm.rank == 0:
+            writer.append(state.step, gathered, sample)
+
+
+def _diagnostics(comm, state, config, history, conserved) -> dict:
+    """Thermo at both ends, drift of the conserved energy (TotEng, plus the Nose-Hoover term), counts."""
+    first, last = history[0], history[-1]
+    elapsed = (last.step - first.step) * config.dt
+    change = conserved[-1] - conserved[0]
+    counts = comm.mpi.allgather((state.n_local, state.ghosts.n_ghost))
+    return {
+        "thermo_first": first._asdict(), "thermo_last": last._asdict(),
+        "energy_drift": {
+            "quantity": "TotEng + Nose-Hoover energy per atom" if config.thermostat == "nose_hoover" else "TotEng per atom",
+            "relative": change / abs(conserved[0]) if conserved[0] else 0.0,
+            "per_atom_per_tau": change / elapsed if elapsed > 0 else 0.0,
+        },
+        "neighbor_builds": state.n_builds,
+        "neighbor_reallocations": state.n_reallocations,
+        "neighbor_capacity": state.neighbor_list.capacity,
+        "atoms_per_rank": {"min": min(c[0] for c in counts), "max": max(c[0] for c in counts)},
+        "ghosts_per_rank": {"min": min(c[1] for c in counts), "max": max(c[1] for c in counts)},
+    }
+
+
+def main(argv=None) -> int:
+    comm = hpcgpu.Communicator()
+    with hpcgpu.abort_on_error(comm):
+        options = parse_args(build_parser(comm.rank), argv)
+        run(options, comm)
+    return 0
