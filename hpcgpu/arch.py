@@ -12,6 +12,7 @@ An architecture is a value passed to every constructor (as in Oceananigans' ``CP
 from __future__ import annotations
 
 import contextlib
+import os
 
 import numpy as np
 
@@ -88,7 +89,9 @@ class GPU:
         self.compute_stream = cupy.cuda.Stream(non_blocking=True)
         # CUDA clamps a priority outside the device's range to the nearest valid one, so a very
         # negative value gives the highest priority the device offers (-5 on Hopper).
-        self.comm_stream = cupy.cuda.Stream(non_blocking=True, priority=-100)
+        # HPCGPU_COMM_STREAM_PRIORITY=normal gives it the default priority instead (for measurements).
+        high = os.environ.get("HPCGPU_COMM_STREAM_PRIORITY", "high") != "normal"
+        self.comm_stream = cupy.cuda.Stream(non_blocking=True, priority=-100 if high else 0)
         self.compute_stream.use()
         from hpcgpu.runtime.device import gpu_identity
 
