@@ -24,6 +24,6 @@ for cells in 20 80; do python3 -m apps.md --backend cupy --cells $cells --steps 
 python3 -c "
 import json,sys
 for c in (20, 80):
-    try: s=json.load(open('$OUT/md_%d.json'%c)); print('md cells',c,'atoms',s['diagnostics'].get('n_atoms'),'atom-steps/s %.3g'%s['throughput'], {k: round(v['max'],3) for k,v in s['timers'].items()})
+    try: s=json.load(open('$OUT/md_%d.json'%c)); print('md cells',c,'atoms',s.get('n_atoms'),'atom-steps/s %.3g'%s['throughput'], {k: round(v['max'],3) for k,v in s['timers'].items()})
     except Exception as e: print('md', c, 'failed', e)
 "
