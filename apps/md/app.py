@@ -29,6 +29,7 @@ from hpcgpu.app.progress import Progress
 from hpcgpu.app.summary import make_summary, write_json
 from hpcgpu.app.timers import PhaseTimers, format_timers
 from hpcgpu.errors import ConfigurationError, NumericalError
+from hpcgpu.monitor import GpuMonitor, add_monitor_arguments, handle_profile_flag
 from hpcgpu.particles import ParticleDomain
 
 from . import distributed, system
@@ -112,6 +113,7 @@ def build_parser(rank: int = 0):
     output.add_argument("--dump-every", type=non_negative_int, default=0, metavar="N",
                         help="write an H5MD frame (OUTPUT/trajectory.h5) every N steps (0: none) [0]")
     output.add_argument("--no-plot", action="store_true", help="do not write OUTPUT/thermo.png")
+    add_monitor_arguments(parser)  # --monitor, --monitor-interval, --profile
     return parser
 
 
@@ -164,6 +166,7 @@ def run(options, comm) -> dict:
                                  "--restart, --async-checkpoint); run without them")
     config = make_config(options)
     arch = hpcgpu.arch.auto(comm, backend=options.backend, bind_cpus=options.bind_cpus)
+    monitor = GpuMonitor.from_options(comm, arch, options)  # --monitor: NVML sampling thread, else a no-op
     output = Path(options.output)
     loud = comm.rank == 0 and not options.quiet
     if comm.rank == 0:
@@ -220,6 +223,7 @@ def run(options, comm) -> dict:
         progress.update(state.step)
     arch.synchronize()
     wall = time.perf_counter() - started
+    monitor_extra = monitor.finish(comm)  # collective; {} without --monitor
     with timers.phase("io"):
         gathered = distributed.gather_by_id(state)
     checksum = hash_arrays([(name, gathered[name]) for name in ("atom_ids", "types", "positions", "images",
@@ -236,7 +240,8 @@ def run(options, comm) -> dict:
         diagnostics=diagnostics, checksum=checksum,
         extra={"n_atoms": state.n_atoms, "precision": options.precision, "thermostat": options.thermostat,
                "potential": config.potential.variant,
-               "thermo": [dict(zip(("step", "temp", "e_pair", "toteng", "press"), s)) for s in history]},
+               "thermo": [dict(zip(("step", "temp", "e_pair", "toteng", "press"), s)) for s in history],
+               **monitor_extra},
     )
     if comm.rank == 0:
         if writer is not None:
@@ -253,6 +258,7 @@ def run(options, comm) -> dict:
         print(f"{steps} steps of {state.n_atoms} atoms in {wall:.3f} s: {throughput:,.4g} atom-steps/s "
               f"({throughput / comm.size:,.4g} per rank)")
         print(format_timers(timer_summary, wall))
+        monitor.print_table()
         for key in ("energy_drift", "neighbor_builds", "neighbor_reallocations", "atoms_per_rank", "ghosts_per_rank"):
             print(f"{key:<24} {diagnostics[key]}")
         print(f"checksum {checksum}")
@@ -306,5 +312,7 @@ def main(argv=None) -> int:
     comm = hpcgpu.Communicator()
     with hpcgpu.abort_on_error(comm):
         options = parse_args(build_parser(comm.rank), argv)
+        if handle_profile_flag(comm, options, "apps.md", argv):
+            return 0  # --profile: printed the nsys command
         run(options, comm)
     return 0

@@ -27,6 +27,7 @@ from hpcgpu.app.progress import Progress
 from hpcgpu.app.summary import make_summary, write_json
 from hpcgpu.app.timers import PhaseTimers, format_timers
 from hpcgpu.errors import ConfigurationError, NumericalError
+from hpcgpu.monitor import GpuMonitor, add_monitor_arguments, handle_profile_flag
 
 MODELS = ("swe", "jacobi", "heat3d")
 
@@ -74,6 +75,7 @@ def build_parser(rank: int = 0):
                            "(same results; shows what the overlap hides)")
     perf.add_argument("--nan-check-every", type=non_negative_int, default=100, metavar="N",
                       help="stop with an error if the state holds NaN/Inf, checked every N steps (0: never) [100]")
+    add_monitor_arguments(parser)  # --monitor, --monitor-interval, --profile
     return parser
 
 
@@ -117,6 +119,7 @@ def run(options, comm) -> dict:
     """Run the configured model; returns the summary record (on every rank)."""
     options.dims = parse_dims(options.dims)
     arch = hpcgpu.arch.auto(comm, backend=options.backend, bind_cpus=options.bind_cpus)
+    monitor = GpuMonitor.from_options(comm, arch, options)  # --monitor: NVML sampling thread, else a no-op
     model = make_model(comm, arch, options)
     steps = options.steps if options.steps is not None else getattr(model, "steps", None) or model.default_steps
     output = Path(options.output)
@@ -164,6 +167,7 @@ def run(options, comm) -> dict:
     control.finish(model.step_index, model.checkpoint_state)
     arch.synchronize()
     wall = time.perf_counter() - started
+    monitor_extra = monitor.finish(comm)  # collective; {} without --monitor
     check_finite(comm, model)
     diagnostics = model.diagnostics()
     checksum = fields_checksum(comm, model.fields)
@@ -177,7 +181,7 @@ def run(options, comm) -> dict:
         steps=done, wall_seconds=wall, throughput=throughput, unit=model.unit, timers=timer_summary,
         diagnostics=diagnostics, checksum=checksum,
         extra={"model": model.name, "precision": model.dtype, "updates_per_step": model.updates_per_step,
-               "graph": bool(graph), "transport": _transport_name(arch)},
+               "graph": bool(graph), "transport": _transport_name(arch), **monitor_extra},
     )
     if hasattr(model, "finish"):
         model.finish(output, summary, plot=not options.no_plot)
@@ -186,6 +190,7 @@ def run(options, comm) -> dict:
         print(f"{done} steps in {wall:.3f} s: {throughput / 1e9:.3f} G{model.unit} "
               f"({throughput / 1e9 / comm.size:.3f} per rank)")
         print(format_timers(timer_summary, wall))
+        monitor.print_table()
         for key, value in diagnostics.items():
             print(f"{key:<24} {value}")
         print(f"checksum {checksum}")
@@ -204,5 +209,7 @@ def main(argv=None) -> int:
     comm = hpcgpu.Communicator()
     with hpcgpu.abort_on_error(comm):
         options = parse_args(build_parser(comm.rank), argv)
+        if handle_profile_flag(comm, options, "apps.stencil", argv):
+            return 0  # --profile: printed the nsys command
         run(options, comm)
     return 0
