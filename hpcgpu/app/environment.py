@@ -10,7 +10,12 @@ from pathlib import Path
 
 @functools.cache
 def git_commit() -> str | None:
-    """The commit of the hpcgpu checkout in use (None when not run from a git checkout)."""
+    """The commit of the hpcgpu checkout in use (``$HPCGPU_GIT_COMMIT`` if set; None outside git)."""
+    import os
+
+    if os.environ.get("HPCGPU_GIT_COMMIT"):
+        # Set by job scripts that run a copy of the tree without .git (e.g. on a remote GPU machine).
+        return os.environ["HPCGPU_GIT_COMMIT"]
     root = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
