@@ -1,0 +1,508 @@
+"""Scaling study: run an app on 1, 2, 4 ... ranks and find the phase that stops it scaling.
+
+Start from the single-GPU baseline, then run the same app on more ranks, each run under the MPI
+launcher (``mpiexec``, or ``srun`` inside a Slurm allocation) with a timeout, and read its
+``--summary`` JSON (docs/app-contract.md). Two kinds of series:
+
+- ``--strong``: the same problem on every rank count. Ideal: time per step falls as 1/N.
+- ``--weak``: the problem grows with the rank count so each rank keeps the same work. Ideal: time
+  per step stays constant. The problem is replicated along the process grid the decomposition
+  would choose (``hpcgpu.decomposition.choose_dims``), and that grid is passed as ``--dims``, so
+  every rank owns exactly the baseline's block: stencil ``--nx/--ny/--nz`` and md ``--cells`` are
+  multiplied per axis (atoms per rank constant, the cube-root rule made exact); train multiplies
+  the global ``--batch-size``.
+
+Parallel efficiency compares throughput per rank with the baseline's (N0 ranks, usually 1)::
+
+    efficiency(N) = (throughput(N) / N) / (throughput(N0) / N0)
+
+which is T(N0) N0 / (N T(N)) for a strong series and T(N0) / T(N) for a weak one. Each phase of the
+app's timers (compute, communication, io, host overhead, ...) is turned into seconds per step and
+compared with its ideal (baseline per-step time x N0/N for strong, unchanged for weak); the phase
+with the most time per step above its ideal at the largest rank count is flagged as the bottleneck.
+
+Writes ``scaling.json``, ``scaling.csv`` and ``scaling.png`` (efficiency vs ranks, stacked phase
+times per rank count) to ``--output``, each run's output, summary and log to ``--output/ranksN/``,
+and prints the table last. Example::
+
+    python -m hpcgpu.bench scaling --app stencil --ranks 1,2,4,8 --weak -- --model jacobi --nx 8192 --ny 8192
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcgpu.decomposition import choose_dims
+from hpcgpu.errors import ConfigurationError
+
+MODULES = {"stencil": "apps.stencil", "md": "apps.md", "train": "apps.train"}
+
+#: Small default problems (they run on CPUs in seconds); flags after ``--`` override them.
+DEFAULT_APP_ARGS = {
+    "stencil": ["--model", "jacobi", "--steps", "200", "--no-plot"],   # jacobi 1024 x 1024: STENCIL_SIZES
+    "md": ["--cells", "10", "--steps", "50", "--no-plot"],
+    "train": ["--model", "mlp", "--steps", "50", "--batch-size", "128", "--eval-every", "0", "--no-plot"],
+}
+
+#: Phases listed first, in this order; others (neighbor, thermo, ...) follow alphabetically.
+PHASE_ORDER = ("compute", "communication", "io", "host overhead")
+
+_ATOMS_PER_CELL = {"fcc": 4, "bcc": 2, "sc": 1}
+#: Grid of the default stencil problem when no --nx/--ny/--nz is given (other models: their own default).
+STENCIL_SIZES = {"jacobi": {"ny": 1024, "nx": 1024}}
+STENCIL_MODELS = {"jacobi": ("apps.stencil.jacobi.model", "JacobiModel"),
+                  "heat3d": ("apps.stencil.heat3d.model", "Heat3DModel"),
+                  "swe": ("apps.stencil.swe.model", "SweModel")}
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--app", choices=tuple(MODULES), required=True, help="which app to scale")
+    parser.add_argument("--ranks", default="1,2,4", help="comma list of rank counts; the smallest is the baseline [1,2,4]")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--strong", dest="mode", action="store_const", const="strong",
+                      help="same problem on every rank count [default]")
+    mode.add_argument("--weak", dest="mode", action="store_const", const="weak",
+                      help="problem grows with the rank count (same work per rank)")
+    parser.set_defaults(mode="strong")
+    parser.add_argument("--launcher", choices=("auto", "mpiexec", "srun"), default="auto",
+                        help="auto: srun inside a Slurm allocation, else mpiexec [auto]")
+    parser.add_argument("--backend", choices=("auto", "cupy", "numpy"), default=None,
+                        help="passed to the app as --backend [the app's default: auto]")
+    parser.add_argument("--output", default="scaling", metavar="DIR", help="results directory [scaling]")
+    parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                        help="kill a run after this many seconds [600]")
+    parser.add_argument("--dry-run", action="store_true", help="print the planned commands and exit")
+
+
+# -- planning ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunPlan:
+    """One run of the series: rank count, the app's arguments, and its problem size."""
+
+    n_ranks: int
+    app_args: list[str]
+    global_size: float          # cells, atoms, or samples per step, over all ranks
+    size_unit: str
+    description: str
+    error: str | None = None    # why this rank count cannot be planned
+
+    @property
+    def size_per_rank(self) -> float:
+        return self.global_size / self.n_ranks
+
+
+def parse_ranks(text: str) -> list[int]:
+    try:
+        ranks = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        ranks = []
+    if not ranks or ranks[0] < 1:
+        raise ConfigurationError(f"--ranks {text!r}: expected a comma list of positive rank counts like 1,2,4,8")
+    return ranks
+
+
+def _dims_text(dims) -> str:
+    return ",".join(str(d) for d in dims)
+
+
+def _requested_dims(text, n_axes: int):
+    if text is None:
+        return None
+    values = tuple(0 if part.strip() in ("*", "0") else int(part) for part in text.split(","))
+    if len(values) != n_axes:
+        raise ConfigurationError(f"--dims {text!r}: expected {n_axes} entries")
+    return values
+
+
+def _replicate(base_shape, baseline_ranks: int, n_ranks: int, requested_dims):
+    """Weak scaling: (global shape, dims) giving every one of ``n_ranks`` the baseline's block."""
+    baseline_dims = choose_dims(baseline_ranks, base_shape, requested_dims)
+    block = [n // d for n, d in zip(base_shape, baseline_dims)]
+    dims = choose_dims(n_ranks, block, requested_dims)
+    return tuple(b * d for b, d in zip(block, dims)), dims
+
+
+def _split(app: str, extra_args: list[str], names: list[str]):
+    """(known values, passthrough args) of the app's defaults followed by the user's flags."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for name in names:
+        parser.add_argument(name, default=None)
+    known, rest = parser.parse_known_args(DEFAULT_APP_ARGS[app] + list(extra_args))
+    return known, rest
+
+
+def _stencil_plans(ranks, mode, extra_args):
+    known, rest = _split("stencil", extra_args, ["--model", "--nx", "--ny", "--nz", "--dims"])
+    model = known.model or "swe"
+    axes = ("nz", "ny", "nx") if model == "heat3d" else ("ny", "nx")
+    if any(getattr(known, axis) is None for axis in axes):
+        module, name = STENCIL_MODELS[model]   # the model class knows its default grid
+        defaults = STENCIL_SIZES.get(model) or getattr(importlib.import_module(module), name).default_shape
+        for axis in axes:
+            if getattr(known, axis) is None:
+                setattr(known, axis, defaults[axis])
+    base_shape = tuple(int(getattr(known, axis)) for axis in axes)
+    requested = _requested_dims(known.dims, len(axes))
+    plans = []
+    for n in ranks:
+        shape, dims = base_shape, requested
+        if mode == "weak":
+            try:
+                shape, dims = _replicate(base_shape, ranks[0], n, requested)
+            except ConfigurationError as exc:
+                plans.append(RunPlan(n, [], math.prod(base_shape) * n / ranks[0], "cells", "-", error=str(exc)))
+                continue
+        args = ["--model", model] + [a for axis, v in zip(axes, shape) for a in (f"--{axis}", str(v))]
+        if dims is not None:
+            args += ["--dims", _dims_text(dims)]
+        plans.append(RunPlan(n, args + rest, math.prod(shape), "cells", f"{model} {' x '.join(map(str, shape))} cells"))
+    return plans
+
+
+def _md_plans(ranks, mode, extra_args):
+    known, rest = _split("md", extra_args, ["--cells", "--dims", "--lattice", "--data"])
+    if known.data is not None:
+        if mode == "weak":
+            raise ConfigurationError("--weak with apps.md needs a lattice (--cells), not --data: a data file cannot "
+                                     "be grown with the rank count; use --strong")
+        rest += ["--data", known.data]
+    cells = [int(v) for v in known.cells.split(",")]
+    cells = cells * 3 if len(cells) == 1 else cells
+    lattice = known.lattice or "fcc"
+    requested = _requested_dims(known.dims, 3)
+    plans = []
+    for n in ranks:
+        shape, dims = tuple(cells), requested
+        if mode == "weak":
+            # choose_dims works in C order (z, y, x); apps.md's --cells and --dims are (x, y, z).
+            try:
+                shape_zyx, dims_zyx = _replicate(shape[::-1], ranks[0], n, None if requested is None else requested[::-1])
+            except ConfigurationError as exc:
+                plans.append(RunPlan(n, [], math.prod(shape) * _ATOMS_PER_CELL.get(lattice, 1) * n / ranks[0],
+                                     "atoms", "-", error=str(exc)))
+                continue
+            shape, dims = shape_zyx[::-1], dims_zyx[::-1]
+        args = ["--lattice", lattice, "--cells", _dims_text(shape)]
+        if dims is not None:
+            args += ["--dims", _dims_text(dims)]
+        n_atoms = math.prod(shape) * _ATOMS_PER_CELL.get(lattice, 1)
+        plans.append(RunPlan(n, args + rest, n_atoms, "atoms", f"{lattice} {' x '.join(map(str, shape))} cells, "
+                                                               f"{n_atoms} atoms"))
+    return plans
+
+
+def _train_plans(ranks, mode, extra_args):
+    known, rest = _split("train", extra_args, ["--batch-size"])
+    batch = int(known.batch_size)
+    plans = []
+    for n in ranks:
+        global_batch = batch * n // ranks[0] if mode == "weak" else batch
+        plans.append(RunPlan(n, ["--batch-size", str(global_batch)] + rest, global_batch, "samples/step",
+                             f"global batch {global_batch}"))
+    return plans
+
+
+def plan_series(app: str, ranks: list[int], mode: str, extra_args: list[str]) -> list[RunPlan]:
+    """The runs of a series: ``extra_args`` override :data:`DEFAULT_APP_ARGS`; sizes scaled for ``weak``.
+
+    Raises
+    ------
+    ConfigurationError
+        When the options cannot be scaled (bad ``--dims``, ``--data`` with ``--weak``, ...).
+    """
+    planner = {"stencil": _stencil_plans, "md": _md_plans, "train": _train_plans}[app]
+    try:
+        return planner(ranks, mode, extra_args)
+    except (ValueError, TypeError) as exc:
+        raise ConfigurationError(f"cannot plan the {mode} series of apps.{app} from {shlex.join(extra_args)!r}: "
+                                 f"{exc}") from None
+
+
+# -- running -------------------------------------------------------------------------------------------------
+
+
+def choose_launcher(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    return "srun" if os.environ.get("SLURM_JOB_ID") and shutil.which("srun") else "mpiexec"
+
+
+def _run_srun(n_ranks: int, args: list[str], timeout: float):
+    from hpcgpu.launch import RunResult
+
+    command = ["srun", "-n", str(n_ranks), *shlex.split(os.environ.get("HPCGPU_SRUN_FLAGS", "")), *args]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+        return RunResult(process.returncode, output, False)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)   # the whole step, not only srun
+        output, _ = process.communicate()
+        return RunResult(-9, output + f"\n[hpcgpu.bench scaling] killed after {timeout:.0f} s timeout", True)
+
+
+def _failure_line(output: str) -> str:
+    """The most telling line of a failed run's output: the last error, else the last line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith(("error:", "Error")) or "Error:" in line or "No module named" in line:
+            return line[:300]
+    return lines[-1][:300] if lines else "no output"
+
+
+def run_one(app: str, plan: RunPlan, launcher: str, run_dir: Path, timeout: float, backend: str | None) -> dict:
+    """Run one plan; returns ``{"status", "summary" (or None), "error", "log", "command"}``."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    summary_path = run_dir / "summary.json"
+    summary_path.unlink(missing_ok=True)   # a stale summary must not pass for this run's
+    args = [sys.executable, "-m", MODULES[app], *plan.app_args, "--output", str(run_dir), "--summary", str(summary_path)]
+    if backend:
+        args += ["--backend", backend]
+    record = {"command": shlex.join(args), "log": str(run_dir / "log.txt"), "summary": None, "error": None}
+    if plan.error:
+        record.update(status="not run", error=plan.error)
+        return record
+    root = Path(__file__).resolve().parents[2]   # so ``python -m apps.X`` works from a checkout
+    if launcher == "srun":
+        result = _run_srun(plan.n_ranks, args, timeout)
+    else:
+        from hpcgpu.launch import run_mpi
+
+        result = run_mpi(plan.n_ranks, args, timeout=timeout, cwd=str(root) if (root / "apps").is_dir() else None)
+    (run_dir / "log.txt").write_text(result.output)
+    if result.timed_out:
+        record.update(status="timed out", error=f"killed after {timeout:.0f} s (--timeout)")
+    elif result.returncode != 0:
+        record.update(status=f"failed (exit {result.returncode})", error=_failure_line(result.output))
+    elif not summary_path.is_file():
+        record.update(status="failed", error=f"exit 0 but no summary at {summary_path}")
+    else:
+        record.update(status="ok", summary=json.loads(summary_path.read_text()))
+    return record
+
+
+# -- analysis ------------------------------------------------------------------------------------------------
+
+
+def ordered_phases(names) -> list[str]:
+    names = set(names)
+    return [p for p in PHASE_ORDER if p in names] + sorted(names - set(PHASE_ORDER))
+
+
+def make_row(plan: RunPlan, record: dict) -> dict:
+    """One table row from a run record: time per step, throughput and per-phase seconds per step."""
+    row = {"n_ranks": plan.n_ranks, "status": record["status"], "problem": plan.description,
+           "global_size": plan.global_size, "size_per_rank": plan.size_per_rank, "size_unit": plan.size_unit,
+           "command": record["command"], "log": record["log"], "error": record["error"]}
+    summary = record["summary"]
+    if summary is None:
+        return row
+    steps = max(int(summary["steps"]), 1)
+    wall = float(summary["wall_seconds"])
+    row.update(steps=summary["steps"], wall_seconds=wall, seconds_per_step=wall / steps,
+               throughput=float(summary["throughput"]), unit=summary["unit"], backend=summary.get("backend"),
+               phases={name: {"seconds_per_step": t["mean"] / steps, "max_seconds_per_step": t["max"] / steps,
+                              "share": t["mean"] / wall if wall > 0 else 0.0, "imbalance": t["imbalance"]}
+                       for name, t in summary["timers"].items()})
+    return row
+
+
+def analyse(rows: list[dict], mode: str) -> dict | None:
+    """Efficiency and per-phase growth against the baseline (in place); returns the bottleneck record.
+
+    The baseline is the smallest rank count that ran. A phase's ideal time per step at N ranks is the
+    baseline's x N0/N (strong) or unchanged (weak); its *excess* is the measured time above that. The
+    bottleneck is the phase with the largest excess at the largest rank count that ran.
+    """
+    done = [r for r in rows if r["status"] == "ok"]
+    if not done:
+        return None
+    base = done[0]
+    for row in done:
+        scale = base["n_ranks"] / row["n_ranks"] if mode == "strong" else 1.0
+        row["speedup"] = row["throughput"] / base["throughput"] if base["throughput"] > 0 else None
+        row["efficiency"] = (row["speedup"] * base["n_ranks"] / row["n_ranks"]) if row["speedup"] is not None else None
+        for name in ordered_phases(set(row["phases"]) | set(base["phases"])):
+            phase = row["phases"].setdefault(name, {"seconds_per_step": 0.0, "max_seconds_per_step": 0.0,
+                                                    "share": 0.0, "imbalance": 0.0})
+            before = base["phases"].get(name, {}).get("seconds_per_step", 0.0)
+            phase["ideal_seconds_per_step"] = before * scale
+            phase["excess_seconds_per_step"] = phase["seconds_per_step"] - before * scale
+            phase["growth"] = phase["seconds_per_step"] / before if before > 0 else None
+        worst = max(row["phases"], key=lambda n: row["phases"][n]["excess_seconds_per_step"])
+        row["grows_most"] = worst if row is not base and row["phases"][worst]["excess_seconds_per_step"] > 0 else None
+    last = done[-1]
+    if last is base:
+        return {"phase": None, "message": f"only the baseline ({base['n_ranks']} rank(s)) ran: nothing to compare"}
+    name = last["grows_most"]
+    if name is None:
+        return {"phase": None, "from_ranks": base["n_ranks"], "to_ranks": last["n_ranks"],
+                "message": f"no phase grows beyond ideal {mode} scaling from {base['n_ranks']} to {last['n_ranks']} ranks"}
+    phase = last["phases"][name]
+    before = base["phases"].get(name, {}).get("seconds_per_step", 0.0)
+    lost = last["seconds_per_step"] - base["seconds_per_step"] * (base["n_ranks"] / last["n_ranks"] if mode == "strong" else 1.0)
+    share_of_lost = phase["excess_seconds_per_step"] / lost if lost > 0 else None
+    growth = (f"grows {phase['growth']:.1f}x" if phase["growth"] is not None else "appears") + \
+        f" from {base['n_ranks']} to {last['n_ranks']} ranks"
+    message = (f"{name} {growth} ({format_seconds(before)} -> {format_seconds(phase['seconds_per_step'])} per step, "
+               f"ideal {format_seconds(phase['ideal_seconds_per_step'])}"
+               + (f"; {100 * share_of_lost:.0f}% of the time lost to scaling" if share_of_lost is not None else "")
+               + "): the bottleneck")
+    return {"phase": name, "from_ranks": base["n_ranks"], "to_ranks": last["n_ranks"], "growth": phase["growth"],
+            "baseline_seconds_per_step": before, "seconds_per_step": phase["seconds_per_step"],
+            "ideal_seconds_per_step": phase["ideal_seconds_per_step"],
+            "excess_seconds_per_step": phase["excess_seconds_per_step"], "share_of_lost_time": share_of_lost,
+            "message": message}
+
+
+# -- reporting -----------------------------------------------------------------------------------------------
+
+
+def format_seconds(seconds: float) -> str:
+    if seconds >= 1.0:
+        return f"{seconds:.3g} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} us"
+
+
+def format_table(rows: list[dict], phases: list[str]) -> str:
+    header = f"{'ranks':>5} {'per rank':>16} {'time/step':>10} {'throughput':>26} {'speedup':>7} {'eff.':>5}"
+    header += "".join(f" {name[:15]:>15}" for name in phases) + "  grows most"
+    lines = [header]
+    for row in rows:
+        size = f"{row['size_per_rank']:,.0f} {row['size_unit'].split('/')[0]}"
+        if row["status"] != "ok":
+            word, _, rest = row["status"].partition(" ")
+            lines.append(f"{row['n_ranks']:>5} {size:>16} {word.upper()}{' ' + rest if rest else ''}: {row['error']}")
+            continue
+        efficiency = f"{100 * row['efficiency']:.0f}%" if row.get("efficiency") is not None else "-"
+        speedup = f"{row['speedup']:.2f}" if row.get("speedup") is not None else "-"
+        line = (f"{row['n_ranks']:>5} {size:>16} {format_seconds(row['seconds_per_step']):>10} "
+                f"{row['throughput']:>10.3g} {row['unit']:<15} {speedup:>7} {efficiency:>5}")
+        for name in phases:
+            phase = row["phases"].get(name)
+            cell = f"{format_seconds(phase['seconds_per_step'])} {100 * phase['share']:.0f}%" if phase else "-"
+            line += f" {cell:>15}"
+        lines.append(line + f"  {row.get('grows_most') or '-'}")
+    return "\n".join(lines)
+
+
+def write_csv(path: Path, rows: list[dict], phases: list[str]) -> None:
+    columns = ["n_ranks", "status", "problem", "size_per_rank", "size_unit", "steps", "wall_seconds",
+               "seconds_per_step", "throughput", "unit", "speedup", "efficiency"]
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(columns + [f"{p} s/step" for p in phases] + [f"{p} share" for p in phases] + ["grows_most", "error"])
+        for row in rows:
+            phase_rows = row.get("phases", {})
+            writer.writerow([row.get(c, "") for c in columns]
+                            + [phase_rows[p]["seconds_per_step"] if p in phase_rows else "" for p in phases]
+                            + [phase_rows[p]["share"] if p in phase_rows else "" for p in phases]
+                            + [row.get("grows_most") or "", row.get("error") or ""])
+
+
+def write_plot(path: Path, rows: list[dict], phases: list[str], title: str) -> None:
+    """Efficiency vs ranks (left) and stacked per-phase time per step for each rank count (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in rows if r["status"] == "ok"]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    ranks = [r["n_ranks"] for r in done]
+    efficiency = [r.get("efficiency") or 0.0 for r in done]
+    left.plot(ranks, efficiency, "o-", label="measured")
+    left.axhline(1.0, color="gray", linestyle="--", label="ideal")
+    if ranks:
+        left.set_xscale("log", base=2)
+        left.set_xticks(ranks, [str(n) for n in ranks])
+    left.set_ylim(0, max([1.1] + [e * 1.1 for e in efficiency]))
+    left.set_xlabel("ranks")
+    left.set_ylabel("parallel efficiency")
+    left.set_title("efficiency")
+    left.legend()
+    positions = list(range(len(done)))
+    bottom = [0.0] * len(done)
+    for name in phases:
+        heights = [r["phases"].get(name, {}).get("seconds_per_step", 0.0) * 1e3 for r in done]
+        right.bar(positions, heights, bottom=bottom, label=name)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    right.set_xticks(positions, [str(n) for n in ranks])
+    right.set_xlabel("ranks")
+    right.set_ylabel("ms per step (mean over ranks)")
+    right.set_title("where the time goes")
+    if done:
+        right.legend(fontsize="small")
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+# -- the subcommand ------------------------------------------------------------------------------------------
+
+
+def main(args) -> int:
+    """Run the series; 0 when every run succeeded, 1 when some failed (outputs are written anyway)."""
+    try:
+        ranks = parse_ranks(args.ranks)
+        plans = plan_series(args.app, ranks, args.mode, list(getattr(args, "app_args", None) or []))
+    except ConfigurationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    launcher = choose_launcher(args.launcher)
+    output = Path(args.output).resolve()
+    title = f"apps.{args.app}: {args.mode} scaling, {plans[0].description} on {ranks[0]} rank(s)"
+    if args.dry_run:
+        for plan in plans:
+            print(f"{plan.n_ranks:>4} ranks: " + (f"cannot run: {plan.error}" if plan.error else
+                  f"{launcher} -n {plan.n_ranks} python -m {MODULES[args.app]} {shlex.join(plan.app_args)}"))
+        return 0
+    output.mkdir(parents=True, exist_ok=True)
+    print(f"scaling study of {title}; launcher {launcher}; results in {output}", flush=True)
+    rows = []
+    for plan in plans:
+        started = time.perf_counter()
+        record = run_one(args.app, plan, launcher, output / f"ranks{plan.n_ranks}", args.timeout, args.backend)
+        print(f"  {plan.n_ranks:>4} ranks ({plan.description}): {record['status']} in "
+              f"{time.perf_counter() - started:.1f} s" + (f" -- {record['error']}" if record["error"] else ""), flush=True)
+        rows.append(make_row(plan, record))
+    bottleneck = analyse(rows, args.mode)
+    phases = ordered_phases({name for row in rows for name in row.get("phases", {})})
+    result = {"app": args.app, "mode": args.mode, "launcher": launcher, "ranks": ranks,
+              "baseline_ranks": next((r["n_ranks"] for r in rows if r["status"] == "ok"), None),
+              "efficiency_definition": "(throughput(N) / N) / (throughput(N0) / N0)",
+              "phases": phases, "rows": rows, "bottleneck": bottleneck}
+    (output / "scaling.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_csv(output / "scaling.csv", rows, phases)
+    written = ["scaling.json", "scaling.csv"]
+    try:
+        write_plot(output / "scaling.png", rows, phases, title)
+        written.append("scaling.png")
+    except ImportError as exc:
+        print(f"note: no plot ({exc}); pip install matplotlib", file=sys.stderr)
+    print()
+    print(title)
+    print(format_table(rows, phases))
+    if bottleneck is not None:
+        print(bottleneck["message"])
+    print(f"wrote {', '.join(written)} in {output}")
+    return 0 if all(row["status"] == "ok" for row in rows) else 1
