@@ -8,8 +8,9 @@ The run loop, in order, on every rank::
             -> thermo line every --thermo-every steps -> H5MD frame every --dump-every steps -> progress
     final thermo -> checksum (atoms sorted by id) -> data file, plot, table and JSON summary (rank 0)
 
-Checkpoint/restart is not wired yet: the state to store is ``distributed.owned_arrays`` + step + the
-Nose-Hoover record, and ``distributed.init`` rebuilds the rest on any rank count.
+Checkpoints (``--checkpoint-every``, stop signals, the wall-time limit) hold the owned atoms with their
+positions at the last neighbour-list build (``distributed.checkpoint_payload``); ``--restart`` rebuilds
+the same ghosts and list from those and continues bitwise with the same rank count, or on any other.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 import hpcgpu
+from hpcgpu.app.checkpointing import RunControl
 from hpcgpu.app.checksum import hash_arrays
 from hpcgpu.app.cli import common_parser, non_negative_int, parse_args, positive_int
 from hpcgpu.app.environment import environment
@@ -161,9 +163,6 @@ def build_state(comm, arch, options, config):
 
 def run(options, comm) -> dict:
     """Run the configured simulation; returns the summary record (on every rank)."""
-    if options.checkpoint_every or options.restart or options.async_checkpoint:
-        raise ConfigurationError("checkpoint/restart is not available in apps.md yet (--checkpoint-every, "
-                                 "--restart, --async-checkpoint); run without them")
     config = make_config(options)
     arch = hpcgpu.arch.auto(comm, backend=options.backend, bind_cpus=options.bind_cpus)
     monitor = GpuMonitor.from_options(comm, arch, options)  # --monitor: NVML sampling thread, else a no-op
@@ -176,6 +175,10 @@ def run(options, comm) -> dict:
         write_json(output / "environment.json", {"environment": env, "options": vars(options)})
     setup_started = time.perf_counter()
     state, atoms, config = build_state(comm, arch, options, config)
+    control = RunControl(comm, options, app="apps.md", output=output, quiet=options.quiet)
+    restored = control.restore(particles=True, select_fn=_owned_by(state.domain))
+    if restored is not None:
+        state = _restore(comm, state, restored, config, options, arch)
     setup_seconds = time.perf_counter() - setup_started
     timers = PhaseTimers(arch)
     domain = state.domain
@@ -209,11 +212,19 @@ def run(options, comm) -> dict:
     sample_thermo()
     if writer is not None:
         _dump(comm, state, writer, history[-1], timers)
-    progress = Progress(comm, steps, enabled=not options.quiet)
+    first_step = state.step
+    progress = Progress(comm, steps, enabled=not options.quiet, first=first_step)
+
+    def checkpoint_state():
+        particles, replicated = distributed.checkpoint_payload(state)
+        replicated.update({"potential": config.potential.variant, "precision": options.precision,
+                           "thermostat": options.thermostat})
+        return {"particles": particles, "replicated": replicated}
+
     comm.barrier()
     arch.synchronize()
     started = time.perf_counter()
-    for _ in range(steps):
+    while state.step < steps:
         next_step = state.step + 1
         want_thermo = next_step % thermo_every == 0 or next_step == steps
         distributed.step(state, config, compute_energy=want_thermo, timers=timers)
@@ -221,8 +232,11 @@ def run(options, comm) -> dict:
         if writer is not None and options.dump_every and state.step % options.dump_every == 0:
             _dump(comm, state, writer, sample, timers)
         progress.update(state.step)
+        control.after_step(state.step, checkpoint_state, timers)
+    control.finish(state.step, checkpoint_state)
     arch.synchronize()
     wall = time.perf_counter() - started
+    steps_done = state.step - first_step
     monitor_extra = monitor.finish(comm)  # collective; {} without --monitor
     with timers.phase("io"):
         gathered = distributed.gather_by_id(state)
@@ -232,11 +246,11 @@ def run(options, comm) -> dict:
     diagnostics = _diagnostics(comm, state, config, history, conserved)
     diagnostics["setup_seconds"] = setup_seconds
     timer_summary = timers.summary(comm, wall)
-    throughput = state.n_atoms * steps / wall if wall > 0 else 0.0
+    throughput = state.n_atoms * steps_done / wall if wall > 0 else 0.0
     summary = make_summary(
         app="apps.md", backend=arch.name, comm=comm,
         decomposition={"dims": list(domain.dims), "axes": "x,y,z", "box": domain.box.tolist(), "periodic": [True] * 3},
-        steps=steps, wall_seconds=wall, throughput=throughput, unit="atom-steps/s", timers=timer_summary,
+        steps=steps_done, wall_seconds=wall, throughput=throughput, unit="atom-steps/s", timers=timer_summary,
         diagnostics=diagnostics, checksum=checksum,
         extra={"n_atoms": state.n_atoms, "precision": options.precision, "thermostat": options.thermostat,
                "potential": config.potential.variant,
@@ -255,7 +269,7 @@ def run(options, comm) -> dict:
             plot_thermo(output / "thermo.png", history, f"apps.md: {state.n_atoms} atoms, {comm.size} rank(s)")
     if loud:
         print()
-        print(f"{steps} steps of {state.n_atoms} atoms in {wall:.3f} s: {throughput:,.4g} atom-steps/s "
+        print(f"{steps_done} steps of {state.n_atoms} atoms in {wall:.3f} s: {throughput:,.4g} atom-steps/s "
               f"({throughput / comm.size:,.4g} per rank)")
         print(format_timers(timer_summary, wall))
         monitor.print_table()
@@ -265,6 +279,27 @@ def run(options, comm) -> dict:
     if comm.rank == 0 and options.summary:
         write_json(options.summary, summary)
     return summary
+
+
+def _owned_by(domain):
+    """Selection of checkpointed atoms for this rank: those whose reference position lies in its sub-box."""
+    def select(rows):
+        positions = np.asarray(rows["reference_positions"], dtype=np.float64)
+        return domain.subbox.contains(np.mod(positions, domain.box))
+    return select
+
+
+def _restore(comm, fresh, restored, config, options, arch):
+    """The state of a checkpoint, after checking that it belongs to this system."""
+    replicated = restored.replicated
+    expected = {"n_atoms": fresh.n_atoms, "box": [float(v) for v in fresh.box], "potential": config.potential.variant,
+                "precision": options.precision, "thermostat": options.thermostat}
+    found = {key: replicated[key] for key in expected}
+    if found != expected:
+        raise ConfigurationError(f"the checkpoint holds {found} but this run is {expected}; restart with the same "
+                                 "system options (any number of ranks works)")
+    dtype = np.float64 if options.precision == "fp64" else np.float32
+    return distributed.restore(fresh.domain, restored.particles, replicated, config, dtype, xp=arch.xp)
 
 
 def _open_trajectory(comm, state, output, options, config):

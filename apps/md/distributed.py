@@ -141,8 +141,12 @@ def step(state: DistributedState, config: MDConfig, compute_energy: bool = False
         _nose_hoover_scale(state, config, timers)
 
 
-def rebuild(state: DistributedState, config: MDConfig, sort: bool = True, timers=None) -> None:
-    """Collective: wrap, migrate, optionally sort by cell, exchange ghosts, bin and build the neighbour list."""
+def rebuild(state: DistributedState, config: MDConfig, sort: bool = True, timers=None, carried=None) -> dict:
+    """Collective: wrap, migrate, optionally sort by cell, exchange ghosts, bin and build the neighbour list.
+
+    ``carried``: extra per-owned-atom arrays ``{name: (n_local, ...)}`` that must follow the atoms through
+    migration and sorting; returned reordered (an empty dict without them).
+    """
     timers = timers or _NoTimers()
     xp = array_module(state.positions)
     domain = state.domain
@@ -153,6 +157,8 @@ def rebuild(state: DistributedState, config: MDConfig, sort: bool = True, timers
     with timers.phase("communication"):
         arrays = {name: getattr(state, name) for name in _MIGRATED}
         arrays["types"] = state.types[:state.n_local]
+        extra_names = sorted(carried or {})
+        arrays.update({f"carried:{name}": carried[name] for name in extra_names})
         owned, arrays = migrate(domain, owned, arrays)
         n_local = owned.shape[0]
     with timers.phase("neighbor"):
@@ -161,6 +167,7 @@ def rebuild(state: DistributedState, config: MDConfig, sort: bool = True, timers
             order = bin_atoms(owned, make_cell_grid(domain.subbox.lower, domain.subbox.upper, 0.0, width)).cell_atoms
             owned = xp.ascontiguousarray(owned[order])
             arrays = {name: xp.ascontiguousarray(values[order]) for name, values in arrays.items()}
+    carried = {name: arrays.pop(f"carried:{name}") for name in extra_names}
     for name, values in arrays.items():
         setattr(state, name, values)
     state.n_local = n_local
@@ -178,6 +185,57 @@ def rebuild(state: DistributedState, config: MDConfig, sort: bool = True, timers
                                                   capacity=None if previous is None else previous.capacity)
     state.n_builds += 1
     state.n_reallocations += state.neighbor_list.n_reallocations
+    return carried
+
+
+def checkpoint_payload(state: DistributedState) -> tuple[dict, dict]:
+    """What a checkpoint holds: ``(particles, replicated)``.
+
+    ``particles`` are this rank's owned atoms in their current order, with the positions at the last
+    neighbour-list build (``reference_positions``) and the current forces: a restart rebuilds the very
+    same ghosts and neighbour list from the reference positions, then puts back the current positions
+    and forces, so it continues bitwise as if never stopped (same rank count).
+    """
+    particles = owned_arrays(state)
+    particles["reference_positions"] = to_numpy(state.neighbor_list.reference_positions)
+    particles["forces"] = to_numpy(state.forces)
+    replicated = {"step": state.step, "n_builds": state.n_builds, "n_atoms": state.n_atoms,
+                  "nose_hoover": [float(state.nose_hoover.xi), float(state.nose_hoover.eta)],
+                  "box": [float(v) for v in state.box]}
+    return particles, replicated
+
+
+def restore(domain: ParticleDomain, particles: dict, replicated: dict, config: MDConfig, pair_table_dtype,
+            xp=np) -> DistributedState:
+    """Collective: the state saved by :func:`checkpoint_payload` (this rank's rows of it, any rank count).
+
+    With the rank count of the writer the result is bitwise the interrupted state; with another one the
+    atoms migrate to their new owners and the neighbour order differs (results agree to rounding).
+    """
+    from .integrate import NoseHooverState
+
+    dtype = pair_table_dtype
+    n_local = particles["atom_ids"].shape[0]
+    as_array = lambda name, kind=dtype: xp.asarray(particles[name], dtype=kind)  # noqa: E731
+    state = DistributedState(
+        positions=as_array("reference_positions"), velocities=as_array("velocities"),
+        forces=xp.zeros((n_local, 3), dtype=dtype), masses=as_array("masses"),
+        types=xp.asarray(particles["types"], dtype=np.int32), atom_ids=xp.asarray(particles["atom_ids"], dtype=np.int64),
+        images=xp.ascontiguousarray(xp.asarray(particles["images"], dtype=np.int32)), box=np.asarray(replicated["box"]),
+        n_local=n_local, pair_table=xp.asarray(config.potential.pair_table(dtype=dtype)), domain=domain,
+        n_atoms=int(replicated["n_atoms"]))
+    total = int(domain.comm.allreduce(n_local))
+    domain.comm.check(total == state.n_atoms, f"the checkpoint holds {state.n_atoms} atoms but {total} were read")
+    # Rebuild from the reference positions (no sort: the saved order is the order the list was built in).
+    carried = rebuild(state, config, sort=False, carried={"positions": as_array("positions"), "forces": as_array("forces")})
+    state.positions[:state.n_local] = carried["positions"]
+    state.ghosts.forward(state.positions)
+    state.forces = xp.ascontiguousarray(carried["forces"])
+    state.step = int(replicated["step"])
+    state.n_builds = int(replicated["n_builds"])
+    state.nose_hoover = NoseHooverState(*replicated["nose_hoover"])
+    state.energy_step = -1
+    return state
 
 
 def _forces(state: DistributedState, compute_energy: bool, forces=None) -> None:

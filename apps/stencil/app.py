@@ -69,6 +69,10 @@ def build_parser(rank: int = 0):
                      help="write a netCDF snapshot every N steps (0: none) [about 50 per run]")
     swe.add_argument("--no-plot", action="store_true", help="do not write PNG plots")
     perf = parser.add_argument_group("performance")
+    perf.add_argument("--nccl-channels", type=non_negative_int, default=1, metavar="N",
+                      help="GPU: NCCL channels (thread blocks) for halo exchange; few channels keep NCCL's spinning "
+                           "kernel from slowing the overlapped interior update; 0 = NCCL's default. Ignored when "
+                           "NCCL_MAX_NCHANNELS is set [1]")
     perf.add_argument("--graph", action="store_true", help="GPU: replay steps as CUDA graphs (pays for small grids)")
     perf.add_argument("--no-overlap", dest="overlap", action="store_false",
                       help="exchange halos after the whole update instead of overlapping it with the interior "
@@ -118,6 +122,9 @@ def check_finite(comm, model) -> None:
 def run(options, comm) -> dict:
     """Run the configured model; returns the summary record (on every rank)."""
     options.dims = parse_dims(options.dims)
+    if options.nccl_channels and "NCCL_MAX_NCHANNELS" not in os.environ:
+        # Read by NCCL when the first communicator is created (below, on the first exchange).
+        os.environ["NCCL_MAX_NCHANNELS"] = str(options.nccl_channels)
     arch = hpcgpu.arch.auto(comm, backend=options.backend, bind_cpus=options.bind_cpus)
     monitor = GpuMonitor.from_options(comm, arch, options)  # --monitor: NVML sampling thread, else a no-op
     model = make_model(comm, arch, options)

@@ -133,7 +133,7 @@ def _read_master(handle, directory: Path, path: Path, expected_app: str | None) 
     if storage not in (layout.LAYOUT_PER_RANK, layout.LAYOUT_SINGLE_FILE) or n_ranks < 1:
         raise CheckpointError(f"{path}: layout {storage!r} with n_ranks={n_ranks} is not valid")
     index = {"fields": {}, "particles": {"counts": [], "arrays": {}}}
-    for name, group in handle["index/fields"].items():
+    for name, group in handle.get("index/fields", {}).items():
         starts, shapes = group["start"][()], group["shape"][()]
         global_shape = [int(n) for n in group.attrs["global_shape"]]
         ndim = len(global_shape)

@@ -79,6 +79,7 @@ def build_index(descriptions: list[dict]) -> tuple[dict, str | None]:
 
 
 def _write_index(group, index: dict) -> None:
+    group.require_group("fields")  # present even without fields (a particles-only app such as apps.md)
     for name, entry in index["fields"].items():
         field_group = group.create_group(f"fields/{name}")
         field_group.create_dataset("start", data=np.asarray(entry["starts"], dtype=np.int64))
