@@ -25,13 +25,14 @@ import numpy as np
 import hpcgpu
 from hpcgpu.app.checkpointing import RunControl
 from hpcgpu.app.checksum import hash_arrays
-from hpcgpu.app.cli import common_parser, non_negative_int, parse_args, positive_int
+from hpcgpu.app.cli import common_parser, non_negative_int, positive_int
 from hpcgpu.app.environment import environment
+from hpcgpu.app.main import run_app
 from hpcgpu.app.progress import Progress
 from hpcgpu.app.summary import make_summary, write_json
 from hpcgpu.app.timers import PhaseTimers, format_timers
 from hpcgpu.errors import ConfigurationError, NumericalError
-from hpcgpu.monitor import GpuMonitor, add_monitor_arguments, handle_profile_flag
+from hpcgpu.monitor import GpuMonitor, add_monitor_arguments
 from hpcgpu.particles import ParticleDomain
 
 from . import distributed, system
@@ -344,10 +345,4 @@ def _diagnostics(comm, state, config, history, conserved) -> dict:
 
 
 def main(argv=None) -> int:
-    comm = hpcgpu.Communicator()
-    with hpcgpu.abort_on_error(comm):
-        options = parse_args(build_parser(comm.rank), argv)
-        if handle_profile_flag(comm, options, "apps.md", argv):
-            return 0  # --profile: printed the nsys command
-        run(options, comm)
-    return 0
+    return run_app("apps.md", build_parser, run, argv)

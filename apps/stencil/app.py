@@ -16,18 +16,18 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 
 import hpcgpu
 from hpcgpu.app.checkpointing import RunControl
 from hpcgpu.app.checksum import fields_checksum
-from hpcgpu.app.cli import common_parser, non_negative_int, parse_args, positive_int
+from hpcgpu.app.cli import common_parser, non_negative_int, positive_int
 from hpcgpu.app.environment import environment
+from hpcgpu.app.main import run_app
 from hpcgpu.app.progress import Progress
 from hpcgpu.app.summary import make_summary, write_json
 from hpcgpu.app.timers import PhaseTimers, format_timers
 from hpcgpu.errors import ConfigurationError, NumericalError
-from hpcgpu.monitor import GpuMonitor, add_monitor_arguments, handle_profile_flag
+from hpcgpu.monitor import GpuMonitor, add_monitor_arguments
 
 MODELS = ("swe", "jacobi", "heat3d")
 
@@ -213,10 +213,4 @@ def _transport_name(arch) -> str:
 
 
 def main(argv=None) -> int:
-    comm = hpcgpu.Communicator()
-    with hpcgpu.abort_on_error(comm):
-        options = parse_args(build_parser(comm.rank), argv)
-        if handle_profile_flag(comm, options, "apps.stencil", argv):
-            return 0  # --profile: printed the nsys command
-        run(options, comm)
-    return 0
+    return run_app("apps.stencil", build_parser, run, argv)

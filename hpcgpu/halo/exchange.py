@@ -116,7 +116,7 @@ class HaloExchange:
                 recv_plan.append((k, from_peer, regions_recv))
 
         def layout(plan, kind):
-            messages, offset, segments = [], 0, []
+            messages, offset = [], 0
             for k, peer, regions in plan:
                 if single and is_contiguous(regions[0]):
                     start = int(regions[0][0])

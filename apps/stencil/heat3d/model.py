@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 import hpcgpu
+from apps.stencil.checkpointing import CheckpointedModel
 from hpcgpu.errors import ConfigurationError, NumericalError
 from apps.stencil.heat3d.problem import amplification_factor, check_stability, exact_solution, initial_condition
 from apps.stencil.heat3d.step import heat3d_step
 from apps.stencil.pingpong import PingPongStencil
 
 
-class Heat3DModel:
+class Heat3DModel(CheckpointedModel):
     """u_{n+1} = u_n + r (sum of 6 neighbours - 6 u_n) on a periodic nz x ny x nx box.
 
     Parameters
@@ -75,26 +76,7 @@ class Heat3DModel:
         }
 
 
-    # ------------------------------------------------------------------ checkpoint / restart
-    def checkpoint_state(self) -> dict:
-        """What a checkpoint holds: the state fields (owned cells) and replicated scalars."""
-        return {"fields": {f.name: f for f in self.fields},
-                "replicated": {"model": self.name, "global_shape": list(self.grid.global_shape),
-                               "precision": self.dtype, "step": self.step_index, "time": self.time, **self._extra_state()}}
-
-    def restore(self, replicated: dict, step: int, options: dict) -> None:
-        """Continue from a loaded checkpoint (fields already filled); refuse an incompatible one."""
-        expected = {"model": self.name, "global_shape": list(self.grid.global_shape), "precision": self.dtype}
-        found = {key: (list(replicated[key]) if key == "global_shape" else replicated[key]) for key in expected}
-        if found != expected:
-            raise ConfigurationError(
-                f"the checkpoint holds {found} but this run is {expected}; restart with the same --model, "
-                "grid size and --precision (any number of ranks works)"
-            )
-        self.step_index = int(step)
-        self._restore_extra(replicated)
-        self.after_restore()
-
+    # ------------------------------------------------------------------ checkpoint / restart (CheckpointedModel)
     @property
     def time(self) -> float:
         return float(self.step_index)

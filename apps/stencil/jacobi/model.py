@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 
 import hpcgpu
-from hpcgpu.errors import ConfigurationError
+from apps.stencil.checkpointing import CheckpointedModel
 from apps.stencil.jacobi.problem import check_global_shape, fill_initial_state, fixed_local_columns
 from apps.stencil.jacobi.sweep import jacobi_sweep
 from apps.stencil.pingpong import PingPongStencil
 
 
-class JacobiModel:
+class JacobiModel(CheckpointedModel):
     """2D Laplace, 5-point Jacobi, periodic in y, Dirichlet columns at x = 0 and nx - 1.
 
     Parameters
@@ -77,26 +77,7 @@ class JacobiModel:
         return {"residual_l2": self.norm, "norm_every": self.norm_every}
 
 
-    # ------------------------------------------------------------------ checkpoint / restart
-    def checkpoint_state(self) -> dict:
-        """What a checkpoint holds: the state fields (owned cells) and replicated scalars."""
-        return {"fields": {f.name: f for f in self.fields},
-                "replicated": {"model": self.name, "global_shape": list(self.grid.global_shape),
-                               "precision": self.dtype, "step": self.step_index, "time": self.time, **self._extra_state()}}
-
-    def restore(self, replicated: dict, step: int, options: dict) -> None:
-        """Continue from a loaded checkpoint (fields already filled); refuse an incompatible one."""
-        expected = {"model": self.name, "global_shape": list(self.grid.global_shape), "precision": self.dtype}
-        found = {key: (list(replicated[key]) if key == "global_shape" else replicated[key]) for key in expected}
-        if found != expected:
-            raise ConfigurationError(
-                f"the checkpoint holds {found} but this run is {expected}; restart with the same --model, "
-                "grid size and --precision (any number of ranks works)"
-            )
-        self.step_index = int(step)
-        self._restore_extra(replicated)
-        self.after_restore()
-
+    # ------------------------------------------------------------------ checkpoint / restart (CheckpointedModel)
     @property
     def time(self) -> float:
         return float(self.step_index)

@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 import hpcgpu
+from apps.stencil.checkpointing import CheckpointedModel
 from apps.stencil.swe.boundaries import fill_channel_boundaries
 from apps.stencil.swe.diagnostics import DIAGNOSTIC_NAMES, local_diagnostics
 from apps.stencil.swe.initial_conditions import fill_initial_state, make_initial_condition
@@ -30,7 +31,7 @@ from hpcgpu.halo.regions import split_owned
 SECONDS_PER_DAY = 86400.0
 
 
-class SweModel:
+class SweModel(CheckpointedModel):
     """Nonlinear shallow water on a beta-plane channel (periodic in x, free-slip walls in y)."""
 
     name = "swe"
@@ -183,26 +184,7 @@ class SweModel:
             plot_state(self, output / "swe_final.png")
 
 
-    # ------------------------------------------------------------------ checkpoint / restart
-    def checkpoint_state(self) -> dict:
-        """What a checkpoint holds: the state fields (owned cells) and replicated scalars."""
-        return {"fields": {f.name: f for f in self.fields},
-                "replicated": {"model": self.name, "global_shape": list(self.grid.global_shape),
-                               "precision": self.dtype, "step": self.step_index, "time": self.time, **self._extra_state()}}
-
-    def restore(self, replicated: dict, step: int, options: dict) -> None:
-        """Continue from a loaded checkpoint (fields already filled); refuse an incompatible one."""
-        expected = {"model": self.name, "global_shape": list(self.grid.global_shape), "precision": self.dtype}
-        found = {key: (list(replicated[key]) if key == "global_shape" else replicated[key]) for key in expected}
-        if found != expected:
-            raise ConfigurationError(
-                f"the checkpoint holds {found} but this run is {expected}; restart with the same --model, "
-                "grid size and --precision (any number of ranks works)"
-            )
-        self.step_index = int(step)
-        self._restore_extra(replicated)
-        self.after_restore()
-
+    # ------------------------------------------------------------------ checkpoint / restart (CheckpointedModel)
     def _extra_state(self) -> dict:
         return {"dt": self.dt, "init": self.init_name}
 
