@@ -1,0 +1,90 @@
+"""Array-module dispatch shared by the training kernels and layers.
+
+Everything in :mod:`apps.train` is written once against an ``xp`` module (NumPy on
+CPU, CuPy on GPU). The helpers here find that module from an array *without*
+importing CuPy, so the package imports and runs on machines that do not have it.
+"""
+
+import contextlib
+import os
+
+import numpy as np
+
+
+def is_cupy(array):
+    """True when ``array`` is a CuPy array (checked by module name, no cupy import)."""
+    return type(array).__module__.startswith("cupy")
+
+
+def array_module(array):
+    """Return ``cupy`` for CuPy arrays and ``numpy`` for everything else."""
+    if is_cupy(array):
+        import cupy
+
+        return cupy
+    return np
+
+
+def to_numpy(array):
+    """Copy ``array`` to a host NumPy array (no copy when it already is one)."""
+    if is_cupy(array):
+        return array.get()
+    return np.asarray(array)
+
+
+def check_float_array(array, name, ndim=None):
+    """Validate that ``array`` is a floating-point NumPy/CuPy array.
+
+    Raises
+    ------
+    TypeError
+        When ``array`` is not an ndarray or not floating point.
+    ValueError
+        When ``ndim`` is given and does not match.
+    """
+    if not hasattr(array, "dtype") or not hasattr(array, "shape"):
+        raise TypeError(
+            f"{name}: expected a NumPy or CuPy array, found {type(array).__name__}; "
+            "convert it with xp.asarray first"
+        )
+    if array.dtype.kind != "f":
+        raise TypeError(
+            f"{name}: expected a floating-point array, found dtype {array.dtype}; "
+            "cast it with .astype(float32) (or float64 for gradient checks)"
+        )
+    if ndim is not None and array.ndim != ndim:
+        raise ValueError(
+            f"{name}: expected {ndim} dimensions, found shape {tuple(array.shape)}"
+        )
+
+
+# Below this many elements a Numba kernel runs on one thread. Waking the worker
+# pool costs ~10 us on a quiet HPC node but several milliseconds on some
+# virtualised machines (measured: 4-12 ms on a shared 2-vCPU development box), which would dwarf a
+# small optimiser update. Override with HPCGPU_NUMBA_PARALLEL_MIN_ELEMENTS.
+_PARALLEL_MIN_ELEMENTS_DEFAULT = 1 << 22
+
+
+def parallel_min_elements():
+    """Work size (elements) from which CPU kernels use all Numba threads."""
+    value = os.environ.get("HPCGPU_NUMBA_PARALLEL_MIN_ELEMENTS")
+    return int(value) if value else _PARALLEL_MIN_ELEMENTS_DEFAULT
+
+
+@contextlib.contextmanager
+def cpu_threads_for(n_elements):
+    """Run the enclosed Numba kernel on one thread when ``n_elements`` is small.
+
+    Usage: ``with cpu_threads_for(array.size): _kernel_cpu(...)``.
+    """
+    if n_elements >= parallel_min_elements():
+        yield
+        return
+    import numba
+
+    saved = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(saved)

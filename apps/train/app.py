@@ -1,0 +1,403 @@
+"""``apps.train``: data-parallel neural-network training (CuPy + NCCL, or NumPy + Numba + MPI).
+
+The run loop, in order, on every rank::
+
+    parse options (same on every rank) -> choose backend -> load data (rank 0 generates
+    MNIST-1D once) -> model, optimiser, gradient sync (DDP buckets or ZeRO-1) -> restart?
+    -> measure the bucketed allreduce alone (for the overlap report)
+    repeat: next batch shard (prefetched) -> train step (forward, backward with bucket
+            allreduces, optimiser) -> progress -> evaluation every N -> checkpoint / stop?
+    final evaluation -> replica check -> checksum -> table, plot and JSON summary (rank 0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from pathlib import Path
+
+import hpcgpu
+from hpcgpu.app.checksum import hash_arrays
+from hpcgpu.app.cli import common_parser, non_negative_int, positive_int
+from hpcgpu.app.environment import environment
+from hpcgpu.app.main import run_app
+from hpcgpu.app.progress import Progress
+from hpcgpu.app.summary import make_summary, write_json
+from hpcgpu.app.timers import PhaseTimers, format_timers
+from hpcgpu.errors import ConfigurationError, NumericalError
+
+from ._backend import to_numpy
+
+MODELS = ("mlp", "cnn", "large-mlp")
+
+#: Per-model defaults (the MNIST-1D reference recipes; see docs/train.md).
+RECIPES = {
+    "mlp": {"steps": 6000, "batch_size": 100, "lr": 1e-2, "optimizer": "adamw", "weight_decay": 0.2,
+            "warmup": 100, "schedule": "cosine"},
+    "cnn": {"steps": 6000, "batch_size": 100, "lr": 1e-2, "optimizer": "adamw", "weight_decay": 0.0,
+            "warmup": 0, "schedule": "constant"},
+    "large-mlp": {"steps": 200, "batch_size": 256, "lr": 1e-3, "optimizer": "adamw",
+                  "weight_decay": 0.01, "warmup": 20, "schedule": "cosine"},
+}
+
+DESCRIPTION = """\
+Data-parallel training on many GPUs (one MPI rank per GPU, NCCL) or CPUs (NumPy + Numba, MPI).
+
+Every rank reads its shard of each global batch (the order is a seeded shuffle per epoch,
+independent of the rank count); gradients are summed in buckets that start during the
+backward pass. Results match a one-process run on the whole batch.
+
+models (data: MNIST-1D, generated offline, or --data FILE.h5):
+  mlp        the MNIST-1D MLP baseline (15k parameters, ~68% test accuracy) [default]
+  cnn        the MNIST-1D CNN baseline (5k parameters, ~94% test accuracy)
+  large-mlp  a deep MLP (--depth blocks of --width), for scaling and benchmarks
+"""
+
+
+def build_parser(rank: int = 0):
+    parser = common_parser("apps.train", DESCRIPTION, rank=rank)
+    model = parser.add_argument_group("model")
+    model.add_argument("--model", choices=MODELS, default="mlp", help="which model to train [mlp]")
+    model.add_argument("--depth", type=non_negative_int, default=4, help="large-mlp: hidden blocks [4]")
+    model.add_argument("--width", type=positive_int, default=1024, help="large-mlp: hidden width [1024]")
+    model.add_argument("--dropout", type=float, default=0.0, help="large-mlp: dropout probability [0]")
+    model.add_argument("--recompute", action="store_true",
+                       help="activation recomputation: keep block inputs only, recompute in backward")
+    model.add_argument("--data", metavar="FILE.h5", default=None,
+                       help="HDF5 file with datasets x, y (optional x_test, y_test) [MNIST-1D]")
+    optim = parser.add_argument_group("optimisation")
+    optim.add_argument("--batch-size", type=positive_int, default=None,
+                       help="GLOBAL batch size (all ranks, all micro-steps) [mlp/cnn 100, large-mlp 256]")
+    optim.add_argument("--lr", type=float, default=None, help="peak learning rate [mlp/cnn 1e-2, large-mlp 1e-3]")
+    optim.add_argument("--optimizer", choices=("sgd", "adamw"), default=None, help="[adamw]")
+    optim.add_argument("--weight-decay", type=float, default=None, help="[mlp 0.2, cnn 0, large-mlp 0.01]")
+    optim.add_argument("--momentum", type=float, default=0.9, help="sgd momentum [0.9]")
+    optim.add_argument("--warmup", type=non_negative_int, default=None, metavar="STEPS",
+                       help="linear warm-up steps [mlp 100, cnn 0, large-mlp 20]")
+    optim.add_argument("--schedule", choices=("cosine", "constant"), default=None,
+                       help="after warm-up: cosine decay to 0 over --steps, or constant [mlp cosine, cnn constant]")
+    optim.add_argument("--clip-norm", type=float, default=None, help="clip the global gradient norm [off]")
+    optim.add_argument("--accum-steps", type=positive_int, default=1, metavar="K",
+                       help="gradient accumulation: K micro-steps per optimiser step, no communication "
+                            "before the last [1]")
+    optim.add_argument("--precision", choices=("fp32", "fp16", "fp64"), default="fp32",
+                       help="fp16: mixed precision (fp32 masters, dynamic loss scaling); fp64 for testing [fp32]")
+    optim.add_argument("--loss-scale", type=float, default=2.0**16, help="fp16: initial loss scale [65536]")
+    par = parser.add_argument_group("parallelism")
+    par.add_argument("--zero", type=int, choices=(0, 1), default=0,
+                     help="1: shard the optimiser state (reduce-scatter + all-gather) [0]")
+    par.add_argument("--bucket-mb", type=float, default=25.0, help="gradient allreduce bucket size in MB [25]")
+    par.add_argument("--blas-threads", type=non_negative_int, default=0, metavar="N",
+                     help="CPU: BLAS threads per rank (0: 1 for mlp/cnn, cores per rank otherwise) [0]")
+    out = parser.add_argument_group("evaluation and output")
+    out.add_argument("--eval-every", type=non_negative_int, default=None, metavar="N",
+                     help="evaluate on the test set every N steps (0: only at the end) [steps/10]")
+    out.add_argument("--no-plot", action="store_true", help="do not write the loss-curve PNG")
+    # the MNIST-1D reference seed: the published accuracies are reproduced with it
+    parser.set_defaults(seed=42)
+    for action in parser._actions:
+        if action.dest == "seed":
+            action.help = "random seed of initialisation, shuffle and dropout [42]"
+    return parser
+
+
+def _fill_defaults(options):
+    recipe = RECIPES[options.model]
+    for key in ("steps", "batch_size", "lr", "optimizer", "weight_decay", "warmup", "schedule"):
+        if getattr(options, key) is None:
+            setattr(options, key, recipe[key])
+    if options.eval_every is None:
+        options.eval_every = max(1, options.steps // 10) if options.steps else 0
+
+
+def validate(options, comm):
+    """Check option values (replicated: every rank raises the same ConfigurationError)."""
+    _fill_defaults(options)
+    if not options.lr > 0:
+        raise ConfigurationError(f"--lr must be positive, got {options.lr}")
+    if options.weight_decay < 0:
+        raise ConfigurationError(f"--weight-decay must be >= 0, got {options.weight_decay}")
+    if not 0.0 <= options.dropout < 1.0:
+        raise ConfigurationError(f"--dropout must be in [0, 1), got {options.dropout}")
+    if options.clip_norm is not None and not options.clip_norm > 0:
+        raise ConfigurationError(f"--clip-norm must be positive, got {options.clip_norm}")
+    if not options.bucket_mb > 0:
+        raise ConfigurationError(f"--bucket-mb must be positive, got {options.bucket_mb}")
+    if not options.loss_scale >= 1:
+        raise ConfigurationError(f"--loss-scale must be >= 1, got {options.loss_scale}")
+    smallest_share = options.batch_size // comm.size
+    if smallest_share < options.accum_steps:
+        raise ConfigurationError(
+            f"--batch-size {options.batch_size} over {comm.size} ranks gives {smallest_share} "
+            f"sample(s) on some rank, fewer than --accum-steps {options.accum_steps}; every micro-step "
+            f"needs a sample: use --batch-size >= {comm.size * options.accum_steps} or fewer ranks")
+    if options.data is not None:
+        comm.check(os.path.isfile(options.data),
+                   f"--data {options.data}: file not found; expected an HDF5 file with datasets x, y "
+                   "(optional x_test, y_test), or omit --data for MNIST-1D")
+    if options.checkpoint_dir is None:
+        options.checkpoint_dir = str(Path(options.output) / "checkpoints")
+
+
+def load_data(options, comm):
+    """Collective: the training data (rank 0 generates and caches MNIST-1D first)."""
+    from .loader import open_training_data
+
+    data, problem = None, None
+    if comm.rank == 0:
+        try:
+            data = open_training_data(options.data)
+        except (OSError, ValueError, ImportError) as exc:
+            problem = f"{exc}"
+    problem = comm.broadcast(problem, root=0)
+    if problem is not None:
+        raise ConfigurationError(problem)   # every rank raises the same message
+    if comm.rank != 0:
+        try:
+            data = open_training_data(options.data)
+        except (OSError, ValueError, ImportError) as exc:
+            problem = f"{exc}"
+    comm.check(problem is None, problem or "")
+    return data
+
+
+def build_model(options, sample_shape, n_classes):
+    from .models import large_mlp, mnist1d_cnn, mnist1d_mlp
+
+    if len(sample_shape) != 1:
+        raise ConfigurationError(f"the models expect samples of shape (features,), the data has "
+                                 f"{sample_shape}; flatten x to (n, features)")
+    n_inputs = sample_shape[0]
+    if options.model == "mlp":
+        return mnist1d_mlp(n_inputs=n_inputs, n_classes=n_classes, recompute=options.recompute)
+    if options.model == "cnn":
+        if n_inputs < 16:
+            raise ConfigurationError(f"--model cnn needs signals of at least 16 samples, found {n_inputs}")
+        return mnist1d_cnn(n_inputs=n_inputs, n_classes=n_classes, recompute=options.recompute)
+    return large_mlp(n_inputs, n_classes, options.depth, options.width, dropout=options.dropout,
+                     recompute=options.recompute)
+
+
+def train_config(options):
+    from .trainer import TrainConfig
+
+    return TrainConfig(
+        optimizer=options.optimizer, lr=options.lr, weight_decay=options.weight_decay,
+        momentum=options.momentum, warmup_steps=options.warmup,
+        total_steps=options.steps if options.schedule == "cosine" else None,
+        global_batch_size=options.batch_size, accum_steps=options.accum_steps,
+        clip_norm=options.clip_norm, precision=options.precision,
+        init_loss_scale=options.loss_scale, seed=options.seed)
+
+
+@contextlib.contextmanager
+def cpu_thread_limits(options, comm, arch):
+    """CPU: cap BLAS threads per rank (small matmuls are 4-30x slower multithreaded on 2 cores)."""
+    if arch.is_gpu:
+        yield "GPU"
+        return
+    threads = options.blas_threads
+    if threads == 0:
+        threads = 1 if options.model in ("mlp", "cnn") else hpcgpu.arch.cpu_threads_per_rank(comm)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        yield f"not capped (pip install threadpoolctl, or set OPENBLAS_NUM_THREADS={threads})"
+        return
+    with threadpool_limits(limits=threads, user_api="blas"):
+        yield f"{threads} BLAS thread(s) per rank"
+
+
+def run(options, comm) -> dict:
+    """Train as configured; returns the summary record (on every rank)."""
+    from hpcgpu.checkpoint import EXIT_REQUEUE, CheckpointManager, Preemption
+
+    from .checkpointing import restore_training_checkpoint, save_training_checkpoint
+    from .distributed import evaluate_distributed, make_sync, replicas_identical
+    from .loader import ShardedLoader
+    from .trainer import Trainer, init_train_state, train_step
+
+    validate(options, comm)
+    arch = hpcgpu.arch.auto(comm, backend=options.backend, bind_cpus=options.bind_cpus)
+    data = load_data(options, comm)
+    if options.batch_size > data.source.n_samples:
+        raise ConfigurationError(f"--batch-size {options.batch_size} exceeds the {data.source.n_samples} "
+                                 "training samples; use a smaller global batch")
+    model = build_model(options, data.source.sample_shape, data.n_classes)
+    trainer = Trainer(model, train_config(options))
+    sync = make_sync(comm, arch, options.zero, options.bucket_mb)
+    state = init_train_state(trainer, arch.xp, sync)
+    output = Path(options.output)
+    loud = comm.rank == 0 and not options.quiet
+    if comm.rank == 0:
+        output.mkdir(parents=True, exist_ok=True)
+    env = environment(comm, arch)
+    if comm.rank == 0:
+        write_json(output / "environment.json", {"environment": env, "options": vars(options)})
+    manager = CheckpointManager(comm, options.checkpoint_dir, app="apps.train", keep=options.keep,
+                                asynchronous=options.async_checkpoint)
+    history = {"step": [], "loss": [], "eval_step": [], "test_loss": [], "test_accuracy": []}
+    if options.restart:
+        history.update(restore_training_checkpoint(manager, options.restart, trainer, state, sync,
+                                                   options.model))
+    first_step = state.step
+    with cpu_thread_limits(options, comm, arch) as threads_note:
+        sync.measure_allreduce_alone()
+        if loud:
+            _print_header(options, comm, arch, trainer, data, sync, threads_note, first_step)
+        timers = PhaseTimers(arch)
+        progress = Progress(comm, options.steps, unit="steps", enabled=not options.quiet, first=first_step)
+        preemption = Preemption(comm, wall_time_limit=options.wall_time_limit)
+        loader = ShardedLoader(data.source, options.batch_size, options.seed, comm.rank, comm.size,
+                               start_step=first_step, arch=arch)
+        x_test = y_test = None
+        if data.test is not None:
+            x_test, y_test = arch.from_host(data.test[0]), arch.from_host(data.test[1])
+        io_seconds = 0.0
+        comm.barrier()
+        arch.synchronize()
+        started = time.perf_counter()
+        try:
+            while state.step < options.steps:
+                batch = loader.next()
+                metrics = train_step(trainer, state, batch.x, batch.y, batch.sample_index, sync, timers)
+                if not math.isfinite(metrics.loss) and options.precision != "fp16":
+                    error = NumericalError(
+                        f"the loss became {metrics.loss} at step {state.step}; expected a finite value. "
+                        "Lower --lr, add --clip-norm or use --warmup.")
+                    error.replicated = True   # the loss is allreduced: every rank sees it
+                    raise error
+                history["step"].append(state.step)
+                history["loss"].append(metrics.loss)
+                if x_test is not None and options.eval_every and state.step % options.eval_every == 0 \
+                        and state.step < options.steps:
+                    _evaluate_into(history, trainer, state, x_test, y_test, comm, evaluate_distributed)
+                elapsed = time.perf_counter() - started
+                rate = options.batch_size * (state.step - first_step) / elapsed if elapsed > 0 else 0.0
+                progress.update(state.step, f"loss {metrics.loss:.4f}  {rate:,.0f} samples/s")
+                manager.poll()
+                if preemption.should_stop(state.step):
+                    save_training_checkpoint(manager, trainer, state, sync, history, options.model)
+                    manager.wait()
+                    if loud:
+                        print(f"\nstopping at step {state.step}: {preemption.reason}; checkpoint written, "
+                              f"exit {EXIT_REQUEUE} (restart with --restart latest)", flush=True)
+                    raise SystemExit(EXIT_REQUEUE)
+                if options.checkpoint_every and state.step % options.checkpoint_every == 0:
+                    saving = time.perf_counter()
+                    save_training_checkpoint(manager, trainer, state, sync, history, options.model)
+                    io_seconds += time.perf_counter() - saving
+                    preemption.record_checkpoint_seconds(manager.last_save_seconds + manager.last_write_seconds)
+            arch.synchronize()
+            wall = time.perf_counter() - started
+        finally:
+            loader.close()
+            preemption.close()
+        closing = time.perf_counter()
+        manager.close()
+        timers.add("io", loader.io_seconds + io_seconds + time.perf_counter() - closing)
+        if x_test is not None and (not history["eval_step"] or history["eval_step"][-1] != state.step):
+            _evaluate_into(history, trainer, state, x_test, y_test, comm, evaluate_distributed)
+    params = to_numpy(state.precision.master_params)
+    identical = replicas_identical(comm, params)
+    checksum = comm.broadcast(hash_arrays([("params", params)]) if comm.rank == 0 else None, root=0)
+    timer_summary = timers.summary(comm, wall)
+    done = state.step - first_step
+    throughput = options.batch_size * done / wall if wall > 0 else 0.0
+    diagnostics = _diagnostics(history, state, trainer, sync, identical)
+    summary = make_summary(
+        app="apps.train", backend=arch.name, comm=comm,
+        decomposition=_decomposition(options, comm, sync),
+        steps=done, wall_seconds=wall, throughput=throughput, unit="samples/s", timers=timer_summary,
+        diagnostics=diagnostics, checksum=checksum,
+        extra={"model": options.model, "n_params": trainer.model.n_params, "precision": options.precision,
+               "first_step": first_step, "final_step": state.step,
+               "data": data.description, "optimizer": options.optimizer},
+    )
+    if comm.rank == 0 and not options.no_plot:
+        from .report import plot_history
+
+        plot_history(history, output / "loss_curve.png", title=f"apps.train {options.model}")
+    if loud:
+        _print_table(done, wall, throughput, comm, timer_summary, diagnostics, checksum)
+    if comm.rank == 0 and options.summary:
+        write_json(options.summary, summary)
+    return summary
+
+
+def _evaluate_into(history, trainer, state, x_test, y_test, comm, evaluate_fn):
+    test_loss, accuracy = evaluate_fn(trainer, state, x_test, y_test, comm)
+    history["eval_step"].append(state.step)
+    history["test_loss"].append(test_loss)
+    history["test_accuracy"].append(accuracy)
+
+
+def _decomposition(options, comm, sync):
+    from .data import shard_bounds
+
+    shares = [hi - lo for lo, hi in (shard_bounds(options.batch_size, r, comm.size) for r in range(comm.size))]
+    return {"kind": "data-parallel", "replicas": comm.size, "global_batch_size": options.batch_size,
+            "local_batch_sizes": shares, "accum_steps": options.accum_steps, "zero_stage": options.zero,
+            "buckets": len(sync.buckets), "bucket_mb": options.bucket_mb if options.zero == 0 else None}
+
+
+def _diagnostics(history, state, trainer, sync, identical):
+    losses = history["loss"]
+    scaler = getattr(state.precision, "scaler", None)
+    result = {
+        "final_loss": losses[-1] if losses else None,
+        "loss_curve": losses,
+        "loss_curve_first_step": int(history["step"][0]) if history["step"] else None,
+        "test_accuracy": history["test_accuracy"][-1] if history["test_accuracy"] else None,
+        "test_loss": history["test_loss"][-1] if history["test_loss"] else None,
+        "evaluations": {"step": history["eval_step"], "test_loss": history["test_loss"],
+                        "test_accuracy": history["test_accuracy"]},
+        "skipped_steps": int(scaler.skipped_steps) if scaler is not None else 0,
+        "loss_scale": float(scaler.scale) if scaler is not None else None,
+        "overlap": sync.overlap_stats(),
+        "replicas_identical": bool(identical),
+        "n_params": int(trainer.model.n_params),
+    }
+    return result
+
+
+def _print_header(options, comm, arch, trainer, data, sync, threads_note, first_step):
+    from .data import shard_bounds
+
+    shares = sorted({hi - lo for lo, hi in (shard_bounds(options.batch_size, r, comm.size)
+                                           for r in range(comm.size))})
+    share_text = "/".join(str(s) for s in shares)
+    sync_text = ("ZeRO-1 (optimiser state sharded, reduce-scatter + all-gather)" if options.zero
+                 else f"{len(sync.buckets)} allreduce bucket(s) of <= {options.bucket_mb:g} MB")
+    print(f"apps.train {hpcgpu.__version__}: {options.model}, {trainer.model.n_params:,} parameters, "
+          f"{options.precision}, {options.optimizer} lr {options.lr:g}"
+          + (", recompute" if options.recompute else ""))
+    print(f"data: {data.description}")
+    print(f"backend: {arch.name} ({arch.reason}); {threads_note}")
+    print(f"ranks: {comm.size} on {comm.n_nodes} node(s); data parallel: global batch {options.batch_size} = "
+          f"{comm.size} x {share_text} (accumulation {options.accum_steps}); {sync_text}")
+    print(f"steps: {options.steps}" + (f" (continuing from step {first_step})" if first_step else ""), flush=True)
+
+
+def _print_table(done, wall, throughput, comm, timer_summary, diagnostics, checksum):
+    print()
+    print(f"{done} steps in {wall:.3f} s: {throughput:,.1f} samples/s ({throughput / comm.size:,.1f} per rank)")
+    print(format_timers(timer_summary, wall))
+    for key in ("final_loss", "test_loss", "test_accuracy", "skipped_steps", "loss_scale",
+                "replicas_identical", "n_params"):
+        value = diagnostics[key]
+        if isinstance(value, float):
+            value = f"{value:.6g}"
+        print(f"{key:<24} {value}")
+    overlap = diagnostics["overlap"]
+    if overlap.get("hidden_fraction") is not None:
+        print(f"{'allreduce hidden':<24} {100 * overlap['hidden_fraction']:.1f}% "
+              f"(alone {overlap['allreduce_alone_ms']:.3f} ms/step, exposed {overlap['exposed_wait_ms']:.3f} ms/step, "
+              f"backward {overlap['backward_ms']:.3f} ms/step)")
+    print(f"checksum {checksum}", flush=True)
+
+
+def main(argv=None) -> int:
+    return run_app("apps.train", build_parser, run, argv)

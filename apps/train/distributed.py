@@ -1,0 +1,418 @@
+"""Data parallelism: bucketed gradient allreduce overlapped with the backward pass.
+
+Every rank holds a full replica of the model and computes gradients on its shard of
+the global batch; the gradients are then SUMMED over ranks (the loss is already
+divided by the global batch size, see :mod:`apps.train.loss`), so every replica
+takes the same optimiser step as one process on the whole batch.
+
+Buckets
+-------
+The flat gradient buffer is laid out in backward order (:mod:`apps.train.params`):
+backward finalises it from offset 0 upwards and reports each finished layer
+through ``on_grads_ready(lo, hi)``. :func:`plan_buckets` cuts the buffer into
+contiguous buckets of about ``bucket_mb`` MB (25 MB by default, as PyTorch DDP);
+as soon as a reported ``hi`` reaches the end of a bucket, that bucket's allreduce
+starts -- while backward continues with the earlier layers.
+
+* GPU: record an event on the compute stream, make the high-priority
+  communication stream wait for it, ``ncclAllReduce`` (sum, in place) of the
+  bucket's slice on the communication stream, record a *done* event. The host
+  never blocks; :meth:`DataParallel.finish_gradients` makes the compute stream
+  wait for the last done event (one stream, so it covers all buckets), so the
+  optimiser kernels queue behind exactly the reductions they need.
+* CPU: ``MPI_Iallreduce`` (in place) per bucket; every hook call also tests the
+  outstanding requests, which drives MPI's progress engine (MPICH makes progress
+  only inside MPI calls), and ``finish_gradients`` waits for all of them.
+
+Overlap accounting (:meth:`DataParallel.overlap_stats`)
+--------------------------------------------------------
+``backward``: time from the start of the last micro-batch's backward to its end;
+``exposed``: time the compute stream (CPU: the host) waited in
+``finish_gradients``; ``alone``: the same bucketed allreduce with no compute,
+measured by :meth:`DataParallel.measure_allreduce_alone`. The fraction of the
+allreduce hidden behind backward is ``1 - exposed / alone`` (clipped to [0, 1]).
+On a GPU the busy time of the communication stream (sum over buckets of
+``done - start``) is reported too.
+"""
+
+import time
+
+import numpy as np
+
+from ._backend import is_cupy, to_numpy
+from .data import shard_bounds
+
+#: Default bucket size in MB (10**6 bytes), PyTorch DDP's default.
+DEFAULT_BUCKET_MB = 25.0
+
+
+def plan_buckets(n_params, itemsize, bucket_mb=DEFAULT_BUCKET_MB):
+    """Contiguous ``(lo, hi)`` ranges that tile ``[0, n_params)``, about ``bucket_mb`` each.
+
+    Parameters
+    ----------
+    n_params : int
+        Length of the flat gradient buffer.
+    itemsize : int
+        Bytes per gradient element (2 for fp16, 4 for fp32).
+    bucket_mb : float
+        Target bucket size in MB (10**6 bytes); must be positive.
+    """
+    if not bucket_mb > 0:
+        raise ValueError(f"bucket size: expected a positive number of MB, found {bucket_mb}")
+    per_bucket = max(1, int(bucket_mb * 1e6) // int(itemsize))
+    return [(lo, min(lo + per_bucket, int(n_params))) for lo in range(0, int(n_params), per_bucket)]
+
+
+def mpi_supports(dtype):
+    """True when the MPI library reduces ``dtype`` natively (float16 is optional in MPI)."""
+    from mpi4py import MPI
+    from mpi4py.util.dtlib import from_numpy_dtype
+
+    try:
+        return from_numpy_dtype(np.dtype(dtype)) != MPI.DATATYPE_NULL
+    except (KeyError, ValueError, TypeError):
+        return False
+
+
+class _MpiBucketReducer:
+    """Non-blocking MPI allreduce of host buffer slices (the CPU path)."""
+
+    def __init__(self, comm, dtype):
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.mpi = comm.mpi
+        # Without a native MPI float16, fp16 gradients travel as float32 copies.
+        self.staged = not mpi_supports(dtype)
+        self.requests = []
+        self.staging = []
+        self.exposed_seconds = 0.0
+
+    def start(self, grads, lo, hi):
+        target = grads[lo:hi]
+        if self.staged:
+            buffer = target.astype(np.float32)
+            self.staging.append((target, buffer))
+            target = buffer
+        self.requests.append(self.mpi.Iallreduce(self.MPI.IN_PLACE, target, op=self.MPI.SUM))
+        self.progress()
+
+    def progress(self):
+        if self.requests:
+            self.MPI.Request.Testall(self.requests)
+
+    def wait(self):
+        started = time.perf_counter()
+        self.MPI.Request.Waitall(self.requests)
+        for target, buffer in self.staging:
+            target[...] = buffer
+        self.requests, self.staging = [], []
+        self.exposed_seconds = time.perf_counter() - started
+
+
+class _NcclBucketReducer:
+    """NCCL allreduce of device buffer slices on the communication stream (the GPU path)."""
+
+    def __init__(self, comm, arch, dtype):
+        from hpcgpu.transport.nccl import _nccl_types, nccl_communicator
+
+        self.nccl_comm = nccl_communicator(comm)
+        self.nccl_type = _nccl_types()[np.dtype(dtype)]
+        self.compute_stream, self.comm_stream = arch.compute_stream, arch.comm_stream
+        self._free_events = []
+        self._launched = []        # (start event, done event) of this step's buckets
+        self._unresolved = None    # events of the previous step, read lazily
+        self._backward_start = None
+        self.totals = {"steps": 0, "exposed": 0.0, "busy": 0.0, "backward": 0.0}
+
+    def _event(self):
+        import cupy
+
+        return self._free_events.pop() if self._free_events else cupy.cuda.Event()
+
+    def mark_backward_start(self):
+        self._resolve()
+        self._backward_start = self._event()
+        self._backward_start.record(self.compute_stream)
+
+    def start(self, grads, lo, hi):
+        from cupy.cuda import nccl
+
+        self._resolve()
+        ready, start, done = self._event(), self._event(), self._event()
+        # The communication stream may only read this slice once backward has written it.
+        ready.record(self.compute_stream)
+        self.comm_stream.wait_event(ready)
+        start.record(self.comm_stream)
+        pointer = grads.data.ptr + lo * grads.itemsize
+        self.nccl_comm.allReduce(pointer, pointer, hi - lo, self.nccl_type, nccl.NCCL_SUM,
+                                 self.comm_stream.ptr)
+        done.record(self.comm_stream)
+        self._free_events.append(ready)   # reusable once recorded: nothing reads it later
+        self._launched.append((start, done))
+
+    def progress(self):
+        """NCCL progresses on the device; nothing to do on the host."""
+
+    def wait(self):
+        if not self._launched:
+            return
+        backward_end, synced = self._event(), self._event()
+        backward_end.record(self.compute_stream)
+        # One communication stream: its last done event covers every bucket.
+        self.compute_stream.wait_event(self._launched[-1][1])
+        synced.record(self.compute_stream)
+        self._unresolved = (self._backward_start, backward_end, synced, self._launched)
+        self._launched, self._backward_start = [], None
+
+    def _resolve(self):
+        """Turn the previous step's events into seconds (they completed long ago)."""
+        import cupy
+
+        if self._unresolved is None:
+            return
+        backward_start, backward_end, synced, launched = self._unresolved
+        self._unresolved = None
+        synced.synchronize()
+        elapsed = cupy.cuda.get_elapsed_time
+        self.totals["steps"] += 1
+        self.totals["exposed"] += elapsed(backward_end, synced) / 1e3
+        self.totals["busy"] += sum(elapsed(start, done) for start, done in launched) / 1e3
+        if backward_start is not None:
+            self.totals["backward"] += elapsed(backward_start, backward_end) / 1e3
+            self._free_events.append(backward_start)
+        self._free_events += [backward_end, synced]
+        for start, done in launched:
+            self._free_events += [start, done]
+
+
+class DataParallel:
+    """Gradient synchronisation for data-parallel training (the trainer's ``sync``).
+
+    Parameters
+    ----------
+    comm : hpcgpu.Communicator
+    arch : hpcgpu.arch.CPU or GPU
+    bucket_mb : float
+        Bucket size in MB (10**6 bytes).
+
+    Attributes
+    ----------
+    buckets : list of (int, int)
+        Planned after :meth:`bind`.
+    on_grads_ready : callable(lo, hi) or None
+        The backward hook; None on one rank (nothing to reduce).
+    """
+
+    zero_stage = 0
+
+    def __init__(self, comm, arch, bucket_mb=DEFAULT_BUCKET_MB):
+        self.comm, self.arch = comm, arch
+        self.bucket_mb = float(bucket_mb)
+        plan_buckets(1, 4, self.bucket_mb)   # validates the size before any collective
+        self.buckets = []
+        self.grads = None
+        self._reducer = None
+        self._next_bucket = 0
+        self._cpu_totals = {"steps": 0, "exposed": 0.0, "backward": 0.0}
+        self._backward_started = None
+        self.alone_seconds = None
+        if comm.size == 1:
+            self.on_grads_ready = None
+
+    # -- trainer protocol ------------------------------------------------------
+    def bind(self, grads):
+        """Plan the buckets over the flat gradient buffer ``grads`` (shape ``(n_params,)``)."""
+        self.grads = grads
+        self.buckets = plan_buckets(grads.shape[0], grads.itemsize, self.bucket_mb)
+        if self.comm.size == 1:
+            return
+        if is_cupy(grads):
+            self._reducer = _NcclBucketReducer(self.comm, self.arch, grads.dtype)
+        else:
+            self._reducer = _MpiBucketReducer(self.comm, grads.dtype)
+
+    def before_backward(self):
+        if self._reducer is None:
+            return
+        self._next_bucket = 0
+        if isinstance(self._reducer, _NcclBucketReducer):
+            self._reducer.mark_backward_start()
+        else:
+            self._backward_started = time.perf_counter()
+
+    def on_grads_ready(self, lo, hi):
+        """Backward hook: ``grads[lo:hi]`` are final; start every bucket that is now complete."""
+        while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket][1] <= hi:
+            bucket_lo, bucket_hi = self.buckets[self._next_bucket]
+            self._reducer.start(self.grads, bucket_lo, bucket_hi)
+            self._next_bucket += 1
+        self._reducer.progress()
+
+    def finish_gradients(self, grads):
+        """Start the buckets not started yet, then wait for all; returns None."""
+        if self._reducer is None:
+            return
+        if self._backward_started is not None:
+            self._cpu_totals["backward"] += time.perf_counter() - self._backward_started
+            self._backward_started = None
+        if self._next_bucket < len(self.buckets):
+            # no hook ran (or the last layers reported nothing): reduce what is left now
+            self.on_grads_ready(0, grads.shape[0])
+        self._reducer.wait()
+        self._next_bucket = 0
+        if isinstance(self._reducer, _MpiBucketReducer):
+            self._cpu_totals["steps"] += 1
+            self._cpu_totals["exposed"] += self._reducer.exposed_seconds
+
+    def owned_range(self, n_params):
+        return 0, int(n_params)
+
+    def sum_over_shards(self, value):
+        # the gradients are replicated after the allreduce: the local value is the global one
+        return value
+
+    def gather_params(self, params):
+        """Replicas step identically: nothing to gather; returns None."""
+
+    def allreduce_sum(self, value):
+        return self.comm.allreduce(value, op="sum") if self.comm.size > 1 else value
+
+    # -- optimiser state for checkpoints -----------------------------------------
+    def full_optimizer_state(self, optimizer_state):
+        """Host copies of the optimiser state over the whole buffer (replicated already)."""
+        # 0-d counters become NumPy scalars, which the checkpoint stores as scalars
+        return {key: (to_numpy(value)[()] if np.ndim(value) == 0 else to_numpy(value).copy())
+                for key, value in optimizer_state.items()}
+
+    def load_optimizer_state(self, optimizer_state, full_state):
+        """Fill ``optimizer_state`` in place from full-buffer host arrays; returns None."""
+        _load_optimizer_slices(optimizer_state, full_state, 0, None)
+
+    # -- overlap measurement -------------------------------------------------------
+    def measure_allreduce_alone(self, repeats=5):
+        """Collective: seconds of one bucketed allreduce of the whole buffer with no compute.
+
+        Runs on the bound gradient buffer (the trainer zeroes it at the start of
+        every step, so call this between steps). One warm-up round (NCCL connects
+        its peers on first use), then the median of ``repeats`` rounds, maximum
+        over ranks; stored in ``alone_seconds``. 0 on one rank.
+        """
+        if self._reducer is None:
+            self.alone_seconds = 0.0
+            return 0.0
+        saved_totals = None
+        if isinstance(self._reducer, _NcclBucketReducer):
+            self._reducer._resolve()
+            saved_totals = dict(self._reducer.totals)
+        rounds = []
+        for _ in range(1 + max(1, repeats)):
+            self.comm.barrier()
+            self.arch.synchronize()
+            started = time.perf_counter()
+            for lo, hi in self.buckets:
+                self._reducer.start(self.grads, lo, hi)
+            self._reducer.wait()
+            self.arch.synchronize()
+            rounds.append(time.perf_counter() - started)
+        if saved_totals is not None:
+            # these rounds were not training steps: keep them out of the overlap totals
+            self._reducer._unresolved = None
+            self._reducer.totals = saved_totals
+        self.grads.fill(0)
+        self.alone_seconds = self.comm.allreduce(float(np.median(rounds[1:])), op="max")
+        return self.alone_seconds
+
+    def overlap_stats(self):
+        """Per-step means: backward, exposed wait, allreduce alone and the hidden fraction.
+
+        Returns
+        -------
+        dict
+            ``buckets``, ``bucket_mb``, ``backward_ms``, ``exposed_wait_ms``,
+            ``allreduce_alone_ms`` (None until measured), ``allreduce_busy_ms``
+            (GPU only) and ``hidden_fraction`` (None until ``alone`` is measured or
+            on one rank).
+        """
+        stats = {"buckets": len(self.buckets), "bucket_mb": self.bucket_mb}
+        if self._reducer is None:
+            stats.update(backward_ms=None, exposed_wait_ms=0.0, allreduce_alone_ms=0.0,
+                         hidden_fraction=None)
+            return stats
+        if isinstance(self._reducer, _NcclBucketReducer):
+            self._reducer._resolve()
+            totals = self._reducer.totals
+        else:
+            totals = self._cpu_totals
+        steps = max(1, totals["steps"])
+        exposed = totals["exposed"] / steps
+        stats["backward_ms"] = 1e3 * totals["backward"] / steps
+        stats["exposed_wait_ms"] = 1e3 * exposed
+        if "busy" in totals:
+            stats["allreduce_busy_ms"] = 1e3 * totals["busy"] / steps
+        alone = self.alone_seconds
+        stats["allreduce_alone_ms"] = None if alone is None else 1e3 * alone
+        stats["hidden_fraction"] = (None if not alone or not totals["steps"]
+                                    else float(min(1.0, max(0.0, 1.0 - exposed / alone))))
+        return stats
+
+
+def _load_optimizer_slices(optimizer_state, full_state, lo, hi):
+    for key, value in optimizer_state.items():
+        if key not in full_state:
+            raise ValueError(f"checkpoint has no optimizer state {key!r} (it holds "
+                             f"{sorted(full_state)}); it was written with another optimizer")
+        saved = np.asarray(full_state[key])
+        if saved.ndim == 0:
+            optimizer_state[key] = np.asarray(saved, dtype=np.int64)
+            continue
+        piece = saved[lo:hi]
+        if piece.shape != value.shape:
+            raise ValueError(f"optimizer state {key!r}: checkpoint slice has shape {piece.shape}, "
+                             f"this rank expects {tuple(value.shape)}")
+        value[...] = piece if not is_cupy(value) else _to_device(value, piece)
+
+
+def _to_device(like, host):
+    import cupy
+
+    return cupy.asarray(host, dtype=like.dtype)
+
+
+def make_sync(comm, arch, zero_stage=0, bucket_mb=DEFAULT_BUCKET_MB):
+    """The gradient synchroniser for ``zero_stage`` 0 (:class:`DataParallel`) or 1 (ZeRO-1)."""
+    if zero_stage == 0:
+        return DataParallel(comm, arch, bucket_mb)
+    if zero_stage == 1:
+        from .zero import ZeroRedundancy
+
+        return ZeroRedundancy(comm, arch)
+    raise ValueError(f"zero stage: expected 0 or 1, found {zero_stage}")
+
+
+def evaluate_distributed(trainer, state, x, y, comm, batch_size=1000):
+    """Collective: mean loss and accuracy on ``(x, y)``, each rank evaluating one shard.
+
+    Every rank holds the same ``x``/``y``; the result does not depend on the
+    number of ranks except for the rounding of the loss sum.
+    """
+    from .trainer import evaluate
+
+    n_samples = int(x.shape[0])
+    lo, hi = shard_bounds(n_samples, comm.rank, comm.size)
+    loss_sum, correct = 0.0, 0
+    if hi > lo:
+        loss, accuracy = evaluate(trainer, state, x[lo:hi], y[lo:hi], batch_size)
+        loss_sum, correct = loss * (hi - lo), int(round(accuracy * (hi - lo)))
+    loss_sum = comm.allreduce(float(loss_sum), op="sum")
+    correct = comm.allreduce(int(correct), op="sum")
+    return loss_sum / n_samples, correct / n_samples
+
+
+def replicas_identical(comm, array):
+    """Collective: True when ``array`` is bitwise identical on every rank (SHA-256 compared)."""
+    import hashlib
+
+    digest = hashlib.sha256(np.ascontiguousarray(to_numpy(array)).tobytes()).hexdigest()
+    return len(set(comm.mpi.allgather(digest))) == 1

@@ -1,0 +1,343 @@
+"""Layers with hand-written backward passes over flat parameter buffers.
+
+Contract of every layer
+-----------------------
+``param_specs()``
+    The parameter tensors it needs (:class:`apps.train.params.ParamSpec`).
+``bind(param_views, grad_views)``
+    Receives views into the model's flat parameter and gradient buffers (see
+    :mod:`apps.train.params`); the layer never allocates parameters itself.
+``forward(x, ctx)``
+    Returns the output and saves what backward needs on ``self``.
+``backward(grad_out)``
+    ADDS the parameter gradients into the bound gradient views (so micro-batches
+    accumulate; the trainer zeroes the flat gradient buffer once per step) and
+    returns the gradient with respect to the input.
+``release()``
+    Drops the saved tensors (used by activation recomputation).
+
+All layers work on NumPy and CuPy arrays alike through ``xp = array_module(x)``.
+Batch is always the leading axis. float16 inputs are supported; reductions whose
+accuracy matters (LayerNorm statistics) run in float32.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._backend import array_module
+from .params import ParamSpec
+from .random_mask import keep_mask
+
+
+@dataclass
+class ForwardContext:
+    """Per-call information that layers may need.
+
+    Attributes
+    ----------
+    training : bool
+        Training mode (dropout active) or evaluation mode.
+    seed : int
+        Run seed feeding the dropout hash.
+    step : int
+        Optimiser step; all micro-batches of one step share it.
+    sample_index : ndarray of int64, shape (batch,), optional
+        GLOBAL index of each sample of this (micro-)batch, e.g. its position in
+        the global batch. Dropout masks are a function of it, so a sample gets
+        the same mask whichever rank or micro-batch processes it. Required when
+        training with dropout.
+    """
+
+    training: bool = False
+    seed: int = 0
+    step: int = 0
+    sample_index: object = None
+
+
+class Layer:
+    """Base class: a parameter-free layer with no children.
+
+    Attributes
+    ----------
+    name : str
+        Qualified name assigned by the enclosing model (used in the layout).
+    params, grads : dict of str -> ndarray
+        Views into the flat buffers, set by :meth:`bind`.
+    param_range : tuple of int
+        ``(lo, hi)`` slice of the flat buffers owned by this layer (and its
+        children), set by the model when it builds the layout.
+    """
+
+    def __init__(self):
+        self.name = type(self).__name__
+        self.params = {}
+        self.grads = {}
+        self.param_range = (0, 0)
+
+    # -- structure ---------------------------------------------------------
+    def param_specs(self):
+        return []
+
+    def leaves(self):
+        """Leaf layers in forward order (a plain layer is its own leaf)."""
+        return [self]
+
+    def assign_names(self, prefix):
+        self.name = f"{prefix}{type(self).__name__}"
+
+    @property
+    def n_params(self):
+        return self.param_range[1] - self.param_range[0]
+
+    def bind(self, param_views, grad_views):
+        self.params = param_views.get(self.name, {})
+        self.grads = grad_views.get(self.name, {})
+
+    # -- computation -------------------------------------------------------
+    def forward(self, x, ctx):
+        raise NotImplementedError
+
+    def backward(self, grad_out):
+        raise NotImplementedError
+
+    def release(self):
+        """Forget saved activations (they are recomputed when needed)."""
+        for key in [k for k in vars(self) if k.startswith("_saved")]:
+            setattr(self, key, None)
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
+
+
+class Linear(Layer):
+    """Affine map ``y = x @ weight.T + bias`` on the last axis.
+
+    Parameters: ``weight`` (out_features, in_features), ``bias`` (out_features),
+    both initialised ``U(-1/sqrt(in_features), 1/sqrt(in_features))`` (PyTorch's
+    default). Input shape (..., in_features), output (..., out_features).
+    """
+
+    def __init__(self, in_features, out_features, bias=True):
+        super().__init__()
+        self.in_features = int(in_features)
+        self.out_features = int(out_features)
+        self.use_bias = bool(bias)
+
+    def param_specs(self):
+        specs = [ParamSpec("weight", (self.out_features, self.in_features),
+                           "uniform_fan_in", self.in_features)]
+        if self.use_bias:
+            specs.append(ParamSpec("bias", (self.out_features,), "uniform_fan_in",
+                                   self.in_features))
+        return specs
+
+    def forward(self, x, ctx):
+        if x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"{self.name}: expected input with last axis {self.in_features}, "
+                f"found shape {tuple(x.shape)}"
+            )
+        self._saved_input = x
+        y = x @ self.params["weight"].T
+        if self.use_bias:
+            y += self.params["bias"]
+        return y
+
+    def backward(self, grad_out):
+        x = self._saved_input
+        grad_2d = grad_out.reshape(-1, self.out_features)
+        self.grads["weight"] += grad_2d.T @ x.reshape(-1, self.in_features)
+        if self.use_bias:
+            self.grads["bias"] += grad_2d.sum(axis=0)
+        return (grad_2d @ self.params["weight"]).reshape(x.shape)
+
+    def __repr__(self):
+        return f"Linear({self.in_features}, {self.out_features})"
+
+
+class ReLU(Layer):
+    """``y = max(x, 0)``; the gradient at exactly 0 is taken as 0."""
+
+    def forward(self, x, ctx):
+        xp = array_module(x)
+        self._saved_positive = x > 0
+        return xp.where(self._saved_positive, x, xp.zeros((), dtype=x.dtype))
+
+    def backward(self, grad_out):
+        xp = array_module(grad_out)
+        return xp.where(self._saved_positive, grad_out, xp.zeros((), dtype=grad_out.dtype))
+
+
+_SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
+_GELU_CUBIC = 0.044715
+
+
+class GELU(Layer):
+    """Gaussian error linear unit, tanh approximation (Hendrycks & Gimpel 2016)::
+
+        gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+
+    This is PyTorch's ``GELU(approximate="tanh")`` and the GPT-2 formula; it
+    differs from the exact erf form by < 1e-3 and needs no erf on either backend.
+    """
+
+    def forward(self, x, ctx):
+        xp = array_module(x)
+        self._saved_input = x
+        inner = _SQRT_2_OVER_PI * (x + _GELU_CUBIC * x * x * x)
+        return (0.5 * x * (1.0 + xp.tanh(inner))).astype(x.dtype, copy=False)
+
+    def backward(self, grad_out):
+        xp = array_module(grad_out)
+        x = self._saved_input
+        tanh_inner = xp.tanh(_SQRT_2_OVER_PI * (x + _GELU_CUBIC * x * x * x))
+        d_inner = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_CUBIC * x * x)
+        derivative = 0.5 * (1.0 + tanh_inner) + 0.5 * x * (1.0 - tanh_inner * tanh_inner) * d_inner
+        return (grad_out * derivative).astype(grad_out.dtype, copy=False)
+
+
+class LayerNorm(Layer):
+    """Normalise the last axis to zero mean / unit variance, then scale and shift.
+
+    ``y = (x - mean) / sqrt(var + eps) * weight + bias`` with the biased variance,
+    ``weight`` initialised to 1 and ``bias`` to 0 (Ba, Kiros & Hinton 2016).
+    Statistics are computed in float32 when the input is float16.
+    """
+
+    def __init__(self, normalized_size, eps=1e-5):
+        super().__init__()
+        self.normalized_size = int(normalized_size)
+        self.eps = float(eps)
+
+    def param_specs(self):
+        return [ParamSpec("weight", (self.normalized_size,), "ones"),
+                ParamSpec("bias", (self.normalized_size,), "zeros")]
+
+    def forward(self, x, ctx):
+        if x.shape[-1] != self.normalized_size:
+            raise ValueError(
+                f"{self.name}: expected input with last axis {self.normalized_size}, "
+                f"found shape {tuple(x.shape)}"
+            )
+        xp = array_module(x)
+        work = x.astype(xp.float32) if x.dtype == xp.float16 else x
+        mean = work.mean(axis=-1, keepdims=True)
+        centred = work - mean
+        variance = (centred * centred).mean(axis=-1, keepdims=True)
+        inverse_std = 1.0 / xp.sqrt(variance + self.eps)
+        normalised = centred * inverse_std
+        self._saved_normalised = normalised
+        self._saved_inverse_std = inverse_std
+        weight = self.params["weight"].astype(work.dtype, copy=False)
+        bias = self.params["bias"].astype(work.dtype, copy=False)
+        return (normalised * weight + bias).astype(x.dtype, copy=False)
+
+    def backward(self, grad_out):
+        normalised = self._saved_normalised
+        work_grad = grad_out.astype(normalised.dtype, copy=False)
+        reduce_axes = tuple(range(grad_out.ndim - 1))
+        self.grads["weight"] += (work_grad * normalised).sum(axis=reduce_axes).astype(
+            self.grads["weight"].dtype, copy=False)
+        self.grads["bias"] += work_grad.sum(axis=reduce_axes).astype(
+            self.grads["bias"].dtype, copy=False)
+        grad_normalised = work_grad * self.params["weight"].astype(normalised.dtype, copy=False)
+        grad_input = self._saved_inverse_std * (
+            grad_normalised
+            - grad_normalised.mean(axis=-1, keepdims=True)
+            - normalised * (grad_normalised * normalised).mean(axis=-1, keepdims=True)
+        )
+        return grad_input.astype(grad_out.dtype, copy=False)
+
+
+class Dropout(Layer):
+    """Inverted dropout with a decomposition-independent mask.
+
+    In training, each element is kept with probability ``1 - p`` and scaled by
+    ``1 / (1 - p)``; in evaluation the layer is the identity. The keep-mask is
+    a counter-based hash of ``(ctx.seed, ctx.step, stream, global sample index,
+    element index)`` (see :mod:`apps.train.random_mask`), so it does not depend
+    on which rank or micro-batch processes a sample, and recomputation
+    reproduces it exactly.
+
+    Parameters
+    ----------
+    p : float
+        Drop probability, ``0 <= p < 1``.
+    stream : int, optional
+        Distinguishes dropout layers; the model numbers them in forward order
+        when left as None.
+    """
+
+    def __init__(self, p, stream=None):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"Dropout: expected 0 <= p < 1, found p={p}")
+        self.p = float(p)
+        self.stream = stream
+        self._identity = True
+
+    def forward(self, x, ctx):
+        self._saved_mask = None
+        self._identity = not ctx.training or self.p == 0.0
+        if self._identity:
+            return x
+        if ctx.sample_index is None:
+            raise ValueError(
+                f"{self.name}: training with dropout needs ctx.sample_index (the global "
+                "index of every sample in the batch); set it in the ForwardContext"
+            )
+        xp = array_module(x)
+        sample_index = xp.asarray(ctx.sample_index)
+        if sample_index.shape != (x.shape[0],):
+            raise ValueError(
+                f"{self.name}: ctx.sample_index has shape {tuple(sample_index.shape)}, "
+                f"expected ({x.shape[0]},) to match the batch"
+            )
+        n_elements = int(np.prod(x.shape[1:], dtype=np.int64))
+        mask = keep_mask(sample_index, n_elements, ctx.seed, ctx.step, self.stream or 0,
+                         1.0 - self.p).reshape(x.shape)
+        self._saved_mask = mask
+        scale = xp.asarray(1.0 / (1.0 - self.p), dtype=x.dtype)
+        return xp.where(mask, x * scale, xp.zeros((), dtype=x.dtype))
+
+    def backward(self, grad_out):
+        if self._identity:
+            return grad_out
+        if self._saved_mask is None:
+            raise RuntimeError(f"{self.name}: backward called without a preceding forward")
+        xp = array_module(grad_out)
+        scale = xp.asarray(1.0 / (1.0 - self.p), dtype=grad_out.dtype)
+        return xp.where(self._saved_mask, grad_out * scale, xp.zeros((), dtype=grad_out.dtype))
+
+    def __repr__(self):
+        return f"Dropout(p={self.p})"
+
+
+class Flatten(Layer):
+    """``(batch, d1, d2, ...) -> (batch, d1 * d2 * ...)``."""
+
+    def forward(self, x, ctx):
+        self._saved_shape = x.shape
+        return x.reshape(x.shape[0], -1)
+
+    def backward(self, grad_out):
+        return grad_out.reshape(self._saved_shape)
+
+
+class Reshape(Layer):
+    """``(batch, ...) -> (batch, *shape)``, e.g. ``Reshape((1, 40))`` before Conv1d."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.shape = tuple(int(s) for s in shape)
+
+    def forward(self, x, ctx):
+        self._saved_shape = x.shape
+        return x.reshape((x.shape[0],) + self.shape)
+
+    def backward(self, grad_out):
+        return grad_out.reshape(self._saved_shape)
+
+    def __repr__(self):
+        return f"Reshape({self.shape})"

@@ -1,0 +1,195 @@
+"""Precision policies: plain fp32/fp64, or fp16 mixed precision with loss scaling.
+
+Mixed precision (Micikevicius et al. 2018)
+------------------------------------------
+* fp32 *master* weights (``master_params``) are what the optimiser updates and what
+  checkpoints store;
+* the model runs on an fp16 *compute copy* (``compute_params``), refreshed from the
+  masters after every applied step with one cast into the same buffer (the layers'
+  views stay valid);
+* the loss gradient is multiplied by ``loss_scale`` so small fp16 gradients do not
+  flush to zero; backward writes fp16 gradients into ``compute_grads`` (which is
+  what a data-parallel allreduce would sum -- half the bytes of fp32);
+* :meth:`MixedPrecision.grads_to_master` casts them to fp32 and divides by the
+  scale into ``master_grads``;
+* :class:`DynamicLossScaler` halves the scale and SKIPS the step when any gradient
+  is inf/nan, and doubles it after ``growth_interval`` consecutive good steps.
+
+Both policies expose the same attributes, so the trainer does not branch on
+precision. The inf/nan test is split the same way as gradient clipping: the
+caller computes a local flag/sum, may reduce it over ranks, then calls
+:meth:`update_scale`.
+"""
+
+import numpy as np
+
+from ._backend import array_module
+
+
+class DynamicLossScaler:
+    """Loss scale that backs off on overflow and grows after a run of good steps.
+
+    Parameters
+    ----------
+    init_scale : float
+        Initial scale (default 2**16, as PyTorch's GradScaler).
+    growth_factor, backoff_factor : float
+        Multiply the scale by these after ``growth_interval`` good steps / on a
+        non-finite gradient.
+    growth_interval : int
+        Number of consecutive applied steps before the scale grows.
+    min_scale, max_scale : float
+        Bounds of the scale.
+    """
+
+    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
+                 growth_interval=2000, min_scale=1.0, max_scale=2.0**24):
+        if not (init_scale > 0 and growth_factor > 1 and 0 < backoff_factor < 1
+                and growth_interval >= 1 and 0 < min_scale <= init_scale <= max_scale):
+            raise ValueError(
+                "DynamicLossScaler: expected init_scale in [min_scale, max_scale], "
+                "growth_factor > 1, 0 < backoff_factor < 1, growth_interval >= 1; found "
+                f"init_scale={init_scale}, growth_factor={growth_factor}, "
+                f"backoff_factor={backoff_factor}, growth_interval={growth_interval}, "
+                f"min_scale={min_scale}, max_scale={max_scale}"
+            )
+        self.scale = float(init_scale)
+        self.growth_factor = float(growth_factor)
+        self.backoff_factor = float(backoff_factor)
+        self.growth_interval = int(growth_interval)
+        self.min_scale = float(min_scale)
+        self.max_scale = float(max_scale)
+        self.good_steps = 0
+        self.skipped_steps = 0
+
+    def update(self, found_nonfinite):
+        """Record one step's outcome; return True when the step must be APPLIED.
+
+        ``found_nonfinite`` must be the same on every rank (reduce it first).
+        """
+        if found_nonfinite:
+            self.scale = max(self.scale * self.backoff_factor, self.min_scale)
+            self.good_steps = 0
+            self.skipped_steps += 1
+            return False
+        self.good_steps += 1
+        if self.good_steps >= self.growth_interval:
+            self.scale = min(self.scale * self.growth_factor, self.max_scale)
+            self.good_steps = 0
+        return True
+
+    def state_dict(self):
+        """Checkpointable state as plain NumPy scalars."""
+        return {"scale": np.float64(self.scale), "good_steps": np.int64(self.good_steps),
+                "skipped_steps": np.int64(self.skipped_steps)}
+
+    def load_state_dict(self, state):
+        self.scale = float(state["scale"])
+        self.good_steps = int(state["good_steps"])
+        self.skipped_steps = int(state["skipped_steps"])
+
+
+class FullPrecision:
+    """Train directly in the master dtype (float32 or float64): no copies, scale 1.
+
+    Attributes
+    ----------
+    master_params, compute_params : ndarray, shape (n_params,)
+        The same buffer.
+    master_grads, compute_grads : ndarray, shape (n_params,)
+        The same buffer.
+    """
+
+    name = "full"
+    loss_scale = 1.0
+
+    def __init__(self, master_params):
+        xp = array_module(master_params)
+        self.master_params = master_params
+        self.compute_params = master_params
+        self.master_grads = xp.zeros_like(master_params)
+        self.compute_grads = self.master_grads
+
+    def grads_to_master(self, lo=0, hi=None):
+        """Nothing to convert; returns None."""
+
+    def update_scale(self, found_nonfinite):
+        """Always apply the step (no loss scaling in full precision)."""
+        return True
+
+    def refresh_compute_params(self):
+        """Nothing to refresh; returns None."""
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+class MixedPrecision:
+    """fp32 master weights, fp16 compute copies and dynamic loss scaling.
+
+    Parameters
+    ----------
+    master_params : ndarray of float32, shape (n_params,)
+    compute_dtype : str
+        ``"float16"``.
+    scaler : DynamicLossScaler, optional
+    """
+
+    name = "mixed"
+
+    def __init__(self, master_params, compute_dtype="float16", scaler=None):
+        xp = array_module(master_params)
+        if master_params.dtype != xp.float32:
+            raise TypeError(
+                f"MixedPrecision: master weights must be float32, found {master_params.dtype}"
+            )
+        self.master_params = master_params
+        self.compute_params = master_params.astype(compute_dtype)
+        self.master_grads = xp.zeros_like(master_params)
+        self.compute_grads = xp.zeros_like(self.compute_params)
+        self.scaler = scaler if scaler is not None else DynamicLossScaler()
+
+    @property
+    def loss_scale(self):
+        return self.scaler.scale
+
+    def grads_to_master(self, lo=0, hi=None):
+        """``master_grads = float32(compute_grads) / loss_scale`` on ``[lo, hi)``; returns None.
+
+        The range defaults to the whole buffer; ZeRO-1 converts only the shard
+        this rank owns. inf/nan survive the conversion, so the caller detects
+        overflow on the master gradients (e.g. through their sum of squares).
+        """
+        target = self.master_grads[lo:hi]
+        target[...] = self.compute_grads[lo:hi]
+        target *= np.float32(1.0 / self.scaler.scale)
+
+    def update_scale(self, found_nonfinite):
+        """Back off and skip on overflow, else count a good step (see the scaler)."""
+        return self.scaler.update(found_nonfinite)
+
+    def refresh_compute_params(self):
+        """Cast the masters into the existing compute buffer (views stay valid)."""
+        self.compute_params[...] = self.master_params
+
+    def state_dict(self):
+        return {f"loss_scaler/{key}": value for key, value in self.scaler.state_dict().items()}
+
+    def load_state_dict(self, state):
+        prefix = "loss_scaler/"
+        self.scaler.load_state_dict(
+            {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)})
+
+
+def make_precision(name, master_params, init_loss_scale=2.0**16, growth_interval=2000):
+    """Precision policy by name: ``"fp32"``/``"fp64"`` (full) or ``"fp16"`` (mixed)."""
+    if name in ("fp32", "fp64"):
+        return FullPrecision(master_params)
+    if name == "fp16":
+        return MixedPrecision(master_params, "float16",
+                              DynamicLossScaler(init_scale=init_loss_scale,
+                                                growth_interval=growth_interval))
+    raise ValueError(f"precision: expected 'fp32', 'fp64' or 'fp16', found {name!r}")

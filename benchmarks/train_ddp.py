@@ -1,0 +1,334 @@
+"""Data-parallel training throughput: hpcgpu (CuPy + NCCL) side by side with PyTorch DDP.
+
+The same large MLP (``Linear(n_in, W)``, ``depth`` x ``[LayerNorm, GELU(tanh), Linear(W, W)]``,
+``GELU, Linear(W, classes)``; 143M parameters by default), the same per-GPU batch of synthetic data
+and the same optimiser (AdamW), at fp32 and fp16:
+
+* hpcgpu fp16 = fp16 compute copy, fp32 master weights, dynamic loss scaling, fp16 gradients
+  allreduced in 25 MB buckets during backward;
+* PyTorch fp16 = ``torch.autocast(float16)`` + ``GradScaler`` (fp32 weights; DDP allreduces fp32
+  gradients in 25 MB buckets during backward), PyTorch's standard mixed-precision recipe.
+
+Both loops read the loss on the host every step (``float(loss)`` / ``loss.item()``), so they
+synchronise alike. Per configuration: warm-up steps, then timed steps -> samples/s (global);
+then the same steps without communication (hpcgpu: one-process sync; PyTorch: ``no_sync()``)
+-> the exposed communication cost per step = t(step) - t(no comm); and the bucketed allreduce
+of the whole gradient buffer alone. Hidden fraction = 1 - exposed / alone. hpcgpu also reports
+its own CUDA-event measurement (time the compute stream waited for the last bucket).
+
+Run (one rank per GPU; torch.distributed is initialised from MPI, no torchrun)::
+
+    mpirun -np 1 python3 benchmarks/train_ddp.py --json train_ddp_1gpu.json
+    mpirun -np 2 python3 benchmarks/train_ddp.py --json train_ddp_2gpu.json
+
+A part that fails (PyTorch missing, out of memory, ...) is reported in the table and the JSON
+and the other parts still run. Takes about a minute on H200s with the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def parse_arguments(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--depth", type=int, default=8, help="hidden blocks [8]")
+    parser.add_argument("--width", type=int, default=4096, help="hidden width [4096]")
+    parser.add_argument("--inputs", type=int, default=1024, help="input features [1024]")
+    parser.add_argument("--classes", type=int, default=1000, help="classes [1000]")
+    parser.add_argument("--batch-per-gpu", type=int, default=2048, help="samples per GPU per step [2048]")
+    parser.add_argument("--steps", type=int, default=15, help="timed steps per measurement [15]")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first [3]")
+    parser.add_argument("--bucket-mb", type=float, default=25.0, help="allreduce bucket size, both frameworks [25]")
+    parser.add_argument("--precisions", default="fp32,fp16", help="comma-separated [fp32,fp16]")
+    parser.add_argument("--frameworks", default="hpcgpu,torch", help="comma-separated [hpcgpu,torch]")
+    parser.add_argument("--json", metavar="FILE", help="write the results as JSON (rank 0)")
+    parser.add_argument("--backend", choices=("cupy", "numpy"), default="cupy",
+                        help="numpy: a CPU smoke test of this script (use a tiny --width) [cupy]")
+    return parser.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------------------ hpcgpu
+def run_hpcgpu(comm, arch, options, precision):
+    from apps.train.distributed import DataParallel
+    from apps.train.models import large_mlp
+    from apps.train.trainer import LocalSync, TrainConfig, Trainer, init_train_state, train_step
+
+    batch = options.batch_per_gpu
+    config = TrainConfig(optimizer="adamw", lr=1e-4, weight_decay=0.01, precision=precision,
+                         global_batch_size=batch * comm.size, init_loss_scale=2.0**12, seed=0)
+    model = large_mlp(options.inputs, options.classes, options.depth, options.width)
+    trainer = Trainer(model, config)
+    sync = DataParallel(comm, arch, options.bucket_mb)
+    xp = arch.xp
+    state = init_train_state(trainer, xp, sync)
+    rng = np.random.default_rng(comm.rank)
+    x = xp.asarray(rng.standard_normal((batch, options.inputs), dtype=np.float32))
+    y = xp.asarray(rng.integers(0, options.classes, size=batch).astype(np.int64))
+    index = xp.arange(comm.rank * batch, (comm.rank + 1) * batch, dtype=xp.int64)
+
+    def timed(step_sync, n_steps):
+        comm.barrier()
+        arch.synchronize()
+        started = time.perf_counter()
+        for _ in range(n_steps):
+            metrics = train_step(trainer, state, x, y, index, step_sync)
+        arch.synchronize()
+        return (time.perf_counter() - started) / n_steps, metrics
+
+    timed(sync, options.warmup)
+    seconds, metrics = timed(sync, options.steps)
+    result = {"step_ms": 1e3 * seconds, "samples_per_second": batch * comm.size / seconds,
+              "n_params": model.n_params, "final_loss": metrics.loss,
+              "applied_last_step": bool(metrics.applied)}
+    if comm.size > 1:
+        alone = sync.measure_allreduce_alone()
+        stats = sync.overlap_stats()
+        local_seconds, _ = timed(LocalSync(), options.steps)
+        exposed = max(0.0, seconds - local_seconds)
+        result.update(
+            step_without_comm_ms=1e3 * local_seconds, allreduce_alone_ms=1e3 * alone,
+            exposed_ms=1e3 * exposed, hidden_fraction=_hidden(exposed, alone),
+            events_exposed_wait_ms=stats["exposed_wait_ms"], events_backward_ms=stats["backward_ms"],
+            events_allreduce_busy_ms=stats.get("allreduce_busy_ms"),
+            events_hidden_fraction=stats["hidden_fraction"], buckets=stats["buckets"])
+    return result   # the arrays are freed on return; the driver then empties CuPy's pool
+
+
+def _hidden(exposed, alone):
+    return None if not alone else float(min(1.0, max(0.0, 1.0 - exposed / alone)))
+
+
+# ------------------------------------------------------------------------------------------ torch
+_TORCH_GROUP = {}
+
+
+def torch_group(comm, device_id):
+    """Initialise torch.distributed (NCCL) from the MPI job, once."""
+    import torch
+    import torch.distributed as dist
+
+    if "ready" in _TORCH_GROUP:
+        return
+    torch.cuda.set_device(device_id)
+    if comm.rank == 0:
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+        address = (socket.gethostbyname(socket.gethostname()) if comm.n_nodes > 1 else "127.0.0.1", port)
+    else:
+        address = None
+    host, port = comm.mpi.bcast(address, root=0)
+    arguments = dict(backend="nccl", init_method=f"tcp://{host}:{port}", rank=comm.rank, world_size=comm.size)
+    try:   # device_id (PyTorch >= 2.3) binds the NCCL communicator to this GPU eagerly
+        dist.init_process_group(**arguments, device_id=torch.device("cuda", device_id))
+    except TypeError:
+        dist.init_process_group(**arguments)
+    _TORCH_GROUP["ready"] = True
+
+
+def run_torch(comm, arch, options, precision):
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    if not arch.is_gpu:
+        raise RuntimeError("the PyTorch DDP part needs GPUs (NCCL); run with --backend cupy")
+    torch_group(comm, arch.device_id)
+    device = torch.device("cuda", arch.device_id)
+    torch.backends.cuda.matmul.allow_tf32 = False    # the CuPy side uses plain fp32 GEMMs too
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    layers = [nn.Linear(options.inputs, options.width)]
+    for _ in range(options.depth):
+        layers += [nn.LayerNorm(options.width), nn.GELU(approximate="tanh"), nn.Linear(options.width, options.width)]
+    layers += [nn.GELU(approximate="tanh"), nn.Linear(options.width, options.classes)]
+    model = nn.Sequential(*layers).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[arch.device_id],
+                                              bucket_cap_mb=options.bucket_mb * 1e6 / 2**20)
+    try:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
+    except (TypeError, RuntimeError):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    mixed = precision == "fp16"
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0**12, enabled=mixed)
+    loss_fn = nn.CrossEntropyLoss()
+    generator = torch.Generator(device=device).manual_seed(comm.rank)
+    batch = options.batch_per_gpu
+    x = torch.randn(batch, options.inputs, device=device, generator=generator)
+    y = torch.randint(0, options.classes, (batch,), device=device, generator=generator)
+
+    def step(communicate):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.float16, enabled=mixed):
+            loss = loss_fn(ddp(x), y)
+        if communicate:
+            scaler.scale(loss).backward()
+        else:
+            with ddp.no_sync():
+                scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        return loss.item()
+
+    def timed(communicate, n_steps):
+        comm.barrier()
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(n_steps):
+            loss = step(communicate)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - started) / n_steps, loss
+
+    timed(True, options.warmup)
+    seconds, loss = timed(True, options.steps)
+    result = {"step_ms": 1e3 * seconds, "samples_per_second": batch * comm.size / seconds,
+              "n_params": n_params, "final_loss": loss}
+    if comm.size > 1:
+        local_seconds, _ = timed(False, options.steps)
+        grads = torch.zeros(n_params, device=device, dtype=torch.float32)   # DDP reduces fp32 gradients
+        per_bucket = max(1, int(options.bucket_mb * 1e6) // 4)
+        rounds = []
+        for _ in range(6):
+            comm.barrier()
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            for lo in range(0, n_params, per_bucket):
+                dist.all_reduce(grads[lo:lo + per_bucket])
+            torch.cuda.synchronize()
+            rounds.append(time.perf_counter() - started)
+        alone = comm.allreduce(float(np.median(rounds[1:])), op="max")
+        exposed = max(0.0, seconds - local_seconds)
+        result.update(step_without_comm_ms=1e3 * local_seconds, allreduce_alone_ms=1e3 * alone,
+                      exposed_ms=1e3 * exposed, hidden_fraction=_hidden(exposed, alone))
+    return result
+
+
+# ------------------------------------------------------------------------------------------ driver
+RUNNERS = {"hpcgpu": run_hpcgpu, "torch": run_torch}
+
+
+def main(argv=None):
+    import hpcgpu
+
+    options = parse_arguments(argv)
+    comm = hpcgpu.Communicator()
+    with hpcgpu.abort_on_error(comm):   # an unexpected error on one rank ends the job, no hang
+        return _main(options, comm)
+
+
+def _main(options, comm):
+    import hpcgpu
+    arch = hpcgpu.arch.auto(comm, backend=options.backend)
+    if comm.rank == 0:
+        print(f"train_ddp: {comm.size} rank(s), {arch.describe()}, model depth {options.depth} width "
+              f"{options.width}, batch {options.batch_per_gpu}/GPU, {options.steps} timed steps", flush=True)
+    results = []
+    for precision in options.precisions.split(","):
+        for framework in options.frameworks.split(","):
+            started = time.perf_counter()
+            try:
+                record = RUNNERS[framework](comm, arch, options, precision)
+                error = None
+            except Exception as exc:   # noqa: BLE001 - report and continue with the other parts
+                record = {}
+                error = f"{type(exc).__name__}: {exc}"
+                if os.environ.get("TRAIN_DDP_TRACEBACK"):
+                    traceback.print_exc()
+            # every rank must agree before the next part's collectives
+            errors = comm.mpi.allgather(error)
+            failed = [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
+            record.update(framework=framework, precision=precision, n_ranks=comm.size,
+                          error="; ".join(failed) or None, seconds=time.perf_counter() - started)
+            results.append(record)
+            if comm.rank == 0:
+                print(f"  {framework:<7} {precision}: " + (record["error"] if record["error"] else
+                      f"{record['samples_per_second']:,.0f} samples/s"), flush=True)
+            _recover(arch)
+    if comm.rank == 0:
+        print_table(results)
+    env = None
+    try:
+        from hpcgpu.app.environment import environment
+
+        env = environment(comm, arch)
+    except Exception as exc:   # noqa: BLE001
+        env = {"error": str(exc)}
+    if comm.rank == 0 and options.json:
+        record = {"benchmark": "train_ddp", "options": vars(options), "n_ranks": comm.size,
+                  "device": arch.describe(), "torch": _torch_version(), "environment": env, "results": results}
+        Path(options.json).write_text(json.dumps(record, indent=2, default=str) + "\n")
+        print(f"wrote {options.json}")
+    return 0
+
+
+def _recover(arch):
+    if not arch.is_gpu:
+        return
+    try:
+        import cupy
+
+        arch.synchronize()
+        cupy.get_default_memory_pool().free_all_blocks()
+        if "torch" in sys.modules:
+            sys.modules["torch"].cuda.empty_cache()
+    except Exception:   # noqa: BLE001 - best effort between parts
+        pass
+
+
+def _torch_version():
+    try:
+        import torch
+
+        return torch.__version__
+    except Exception:   # noqa: BLE001
+        return None
+
+
+def print_table(results):
+    header = (f"{'framework':<8} {'prec':<5} {'ranks':>5} {'step ms':>9} {'samples/s':>11} {'no-comm ms':>10} "
+              f"{'AR alone ms':>11} {'exposed ms':>10} {'hidden':>7}  note")
+    print()
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        if r.get("error"):
+            print(f"{r['framework']:<8} {r['precision']:<5} {r['n_ranks']:>5}  FAILED: {r['error']}")
+            continue
+
+        def number(key, fmt):
+            value = r.get(key)
+            width = int(fmt.split(".")[0].replace(",", ""))
+            return format(value, fmt) if isinstance(value, (int, float)) else "-".rjust(width)
+
+        hidden = r.get("hidden_fraction")
+        note = ""
+        if r.get("events_hidden_fraction") is not None and r.get("events_allreduce_busy_ms") is not None:
+            note = (f"events: waited {r['events_exposed_wait_ms']:.2f} ms of {r['events_allreduce_busy_ms']:.2f} ms "
+                    f"busy, backward {r['events_backward_ms']:.2f} ms, hidden {100 * r['events_hidden_fraction']:.0f}%")
+        print(f"{r['framework']:<8} {r['precision']:<5} {r['n_ranks']:>5} {number('step_ms', '9.2f')} "
+              f"{number('samples_per_second', '11,.0f')} {number('step_without_comm_ms', '10.2f')} "
+              f"{number('allreduce_alone_ms', '11.2f')} {number('exposed_ms', '10.2f')} "
+              f"{'-' if hidden is None else format(100 * hidden, '6.0f') + '%'}  {note}")
+    by_key = {(r["framework"], r["precision"]): r for r in results if not r.get("error")}
+    for precision in sorted({r["precision"] for r in results}):
+        ours, theirs = by_key.get(("hpcgpu", precision)), by_key.get(("torch", precision))
+        if ours and theirs:
+            print(f"hpcgpu / PyTorch DDP at {precision}: {ours['samples_per_second'] / theirs['samples_per_second']:.2f}x")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
