@@ -69,6 +69,7 @@ def test_gpu_app_end_to_end(tmp_path, n_ranks):
     cupy = pytest.importorskip("cupy")
     if cupy.cuda.runtime.getDeviceCount() < n_ranks:
         pytest.skip(f"needs {n_ranks} GPUs")
+    pytest.importorskip("mnist1d", reason="the default dataset is generated with the mnist1d package")
     from hpcgpu.launch import run_mpi
 
     summary_path = tmp_path / "summary.json"
