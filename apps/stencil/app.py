@@ -64,7 +64,10 @@ def build_parser(rank: int = 0):
     swe.add_argument("--dt", type=float, default=None, help="time step in seconds [from the CFL condition]")
     swe.add_argument("--cfl", type=float, default=0.7, help="fraction of the stability limit used as time step [0.7]")
     swe.add_argument("--dx", type=float, default=5000.0, help="grid spacing in metres (dx = dy) [5000]")
-    swe.add_argument("--viscosity", type=float, default=None, help="Laplacian viscosity in m^2/s [model default]")
+    swe.add_argument("--viscosity", type=float, default=None, help="Laplacian viscosity in m^2/s [0]")
+    swe.add_argument("--hyperviscosity", type=float, default=None,
+                     help="biharmonic viscosity in m^4/s; 0 switches it off (the geostrophic convergence test "
+                          "does) [1e9: damps the 2 dx noise of the eddies within hours, leaves the jet alone]")
     swe.add_argument("--snapshot-every", type=non_negative_int, default=None, metavar="N",
                      help="write a netCDF snapshot every N steps (0: none) [about 50 per run]")
     swe.add_argument("--no-plot", action="store_true", help="do not write PNG plots")

@@ -42,8 +42,9 @@ class SweModel(CheckpointedModel):
     def __init__(self, comm, arch, options):
         self.comm, self.arch = comm, arch
         self.dtype = "float32" if options.precision == "fp32" else "float64"
-        viscosity = {} if options.viscosity is None else {"viscosity": options.viscosity}
-        self.parameters = SWEParameters(nx=options.nx, ny=options.ny, dx=options.dx, dy=options.dx, **viscosity)
+        dissipation = {name: value for name, value in (("viscosity", options.viscosity),
+                                                        ("hyperviscosity", options.hyperviscosity)) if value is not None}
+        self.parameters = SWEParameters(nx=options.nx, ny=options.ny, dx=options.dx, dy=options.dx, **dissipation)
         self.init_name = options.init
         width = self.parameters.halo_width
         self.grid = hpcgpu.Decomposition(comm, (options.ny, options.nx), dims=options.dims, periodic=(False, True))
