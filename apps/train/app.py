@@ -239,7 +239,10 @@ def run(options, comm) -> dict:
     manager = CheckpointManager(comm, options.checkpoint_dir, app="apps.train", keep=options.keep,
                                 asynchronous=options.async_checkpoint)
     history = {"step": [], "loss": [], "eval_step": [], "test_loss": [], "test_accuracy": []}
-    if options.restart:
+    if options.restart == "latest" and not manager.checkpoints():
+        if loud:   # the first job of a chain: nothing to continue from yet
+            print(f"--restart latest: no checkpoint in {manager.directory}; starting from the beginning")
+    elif options.restart:
         history.update(restore_training_checkpoint(manager, options.restart, trainer, state, sync,
                                                    options.model))
     first_step = state.step
@@ -290,6 +293,10 @@ def run(options, comm) -> dict:
                     save_training_checkpoint(manager, trainer, state, sync, history, options.model)
                     io_seconds += time.perf_counter() - saving
                     preemption.record_checkpoint_seconds(manager.last_save_seconds + manager.last_write_seconds)
+            if options.checkpoint_every and state.step % options.checkpoint_every and state.step > first_step:
+                saving = time.perf_counter()   # the end of the run is a checkpoint too
+                save_training_checkpoint(manager, trainer, state, sync, history, options.model)
+                io_seconds += time.perf_counter() - saving
             arch.synchronize()
             wall = time.perf_counter() - started
         finally:

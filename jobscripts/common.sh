@@ -1,0 +1,255 @@
+# shellcheck shell=bash
+# jobscripts/common.sh: the logic shared by every hpcgpu job script. Sourced, never run.
+#
+# A job script holds its #SBATCH lines, sources this file and calls ONE of:
+#   hpcgpu_run APP [ARGS...]               info report, then the app once; exits with the app's code
+#   hpcgpu_run_preemptible APP [ARGS...]   the same with a checkpoint directory (and --restart latest
+#                                          once it holds a checkpoint);
+#                                          forwards SIGUSR1 to the app, requeues the job when the app
+#                                          stopped with a checkpoint (exit 75), so a chain of runs
+#                                          finishes one long simulation
+#   hpcgpu_sweep_value VALUE...            (before either) the VALUE of this job-array task
+# Every knob is an environment variable with a default; docs/jobscripts.md has them in one table.
+# Export a knob before `sbatch` (sbatch passes the submitting environment by default) or with
+# `sbatch --export=ALL,KNOB=value`.
+#
+# Layout of a job's output, relative to the job's working directory (the submit directory, or
+# `sbatch --chdir`): runs/<job-name>-<job-id>.log (Slurm's --output; runs/ must exist before sbatch)
+# and runs/<job-name>-<job-id>/ (this file creates it): info.txt, the app's --output (environment.json,
+# plots ...), summary.json, checkpoints/. Array tasks use <job-name>-<array-job-id>_<task-id>.
+
+# ---------------------------------------------------------------- where things are
+# The repository whose code runs: put first on PYTHONPATH, so an un-installed checkout works too.
+HPCGPU_ROOT=${HPCGPU_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}
+HPCGPU_PYTHON=${HPCGPU_PYTHON:-python}       # e.g. /path/to/venv/bin/python (no `activate` needed)
+HPCGPU_RUNS_DIR=${HPCGPU_RUNS_DIR:-runs}
+HPCGPU_INFO=${HPCGPU_INFO:-1}                # 0: skip the `python -m hpcgpu info` report
+HPCGPU_APP_ARGS=${HPCGPU_APP_ARGS:-}         # appended to the app's flags (the last value of a flag wins)
+HPCGPU_MAX_RESTARTS=${HPCGPU_MAX_RESTARTS:-20}
+HPCGPU_SIGNAL_GRACE=${HPCGPU_SIGNAL_GRACE:-60}
+
+if [ ! -f "$HPCGPU_ROOT/hpcgpu/__init__.py" ]; then
+    echo "[hpcgpu-job] ERROR: HPCGPU_ROOT=$HPCGPU_ROOT is not an hpcgpu checkout (no hpcgpu/__init__.py);" \
+         "submit from the repository root or export HPCGPU_ROOT=/path/to/hpcgpu" >&2
+    exit 2
+fi
+if ! command -v "$HPCGPU_PYTHON" >/dev/null 2>&1; then
+    echo "[hpcgpu-job] ERROR: HPCGPU_PYTHON=$HPCGPU_PYTHON is not an executable; export" \
+         "HPCGPU_PYTHON=/path/to/venv/bin/python" >&2
+    exit 2
+fi
+export HPCGPU_ROOT HPCGPU_PYTHON
+export PYTHONPATH="$HPCGPU_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1                    # progress lines reach the log as they happen
+
+# ---------------------------------------------------------------- threads
+# One thread per CPU Slurm gave the task. Slurm 22.05-23.02 srun does not inherit --cpus-per-task
+# from sbatch any more; SRUN_CPUS_PER_TASK makes every srun below use it again.
+if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then
+    export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK
+    export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
+else
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${CPUS_PER_RANK:-1}}
+fi
+
+# ---------------------------------------------------------------- NCCL (GPU runs; uncomment as needed)
+# export NCCL_DEBUG=INFO                 # WARN for less: print NCCL's version, transports (NVLink,
+#                                        # IB, socket) and rings/trees at init; first thing to try
+# export NCCL_DEBUG_SUBSYS=INIT,NET      # limit NCCL_DEBUG to init and network
+# export NCCL_IB_HCA=mlx5_0,mlx5_1       # InfiniBand adapters NCCL may use (`ibv_devinfo -l`);
+#                                        # =^mlx5_2 excludes one (e.g. a storage-only HCA)
+# export NCCL_SOCKET_IFNAME=ib0          # interface for bootstrap and the socket transport;
+#                                        # =^lo,docker0 excludes; a wrong one hangs NCCL init
+# export NCCL_NET_GDR_LEVEL=PHB          # GPUDirect RDMA when the NIC is this close to the GPU
+# export NCCL_IB_DISABLE=1               # no InfiniBand (test the socket path)
+# export NCCL_P2P_DISABLE=1              # no NVLink/PCIe peer access (isolate P2P problems)
+
+# ---------------------------------------------------------------- the launcher
+# srun's MPI plugin: pmi2 works with the MPICH wheel (CI) and most MPIs; sites whose Slurm and MPI
+# are built with PMIx (Open MPI 5, recent MPICH/Cray) use pmix (`srun --mpi=list` shows the choice).
+HPCGPU_SRUN_MPI=${HPCGPU_SRUN_MPI:-pmi2}
+HPCGPU_CPU_BIND=${HPCGPU_CPU_BIND-cores}     # each task pinned to its --cpus-per-task cores; set and empty: no --cpu-bind
+HPCGPU_SRUN_FLAGS=${HPCGPU_SRUN_FLAGS:-}     # extra srun flags, e.g. "--distribution=block:block"
+# The launcher as an array: job scripts for other launchers (jobscripts/mpirun/) replace it.
+# Never put mpiexec inside srun: hydra's own srun for its proxies waits forever for the step's CPUs.
+# Flags in knobs are split at whitespace, never glob-expanded ("--dims *,1" stays as written).
+read -r -a _hpcgpu_srun_flags <<< "$HPCGPU_SRUN_FLAGS"
+HPCGPU_LAUNCH=(srun "--mpi=$HPCGPU_SRUN_MPI" ${HPCGPU_CPU_BIND:+"--cpu-bind=$HPCGPU_CPU_BIND"} "${_hpcgpu_srun_flags[@]}")
+
+hpcgpu_log() { echo "[hpcgpu-job] $*"; }
+
+# The per-job run directory: runs/<job-name>-<job-id>[_<task-id>], HPCGPU_RUN_DIR when set (a chain
+# of separately submitted jobs sharing one checkpoint directory), runs/<name>-local-<time>-<pid>
+# outside Slurm.
+hpcgpu_run_dir() {
+    local name=${SLURM_JOB_NAME:-${HPCGPU_JOB_NAME:-$1}}
+    if [ -n "${HPCGPU_RUN_DIR:-}" ]; then
+        echo "$HPCGPU_RUN_DIR"
+    elif [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then
+        echo "$HPCGPU_RUNS_DIR/$name-${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+    elif [ -n "${SLURM_JOB_ID:-}" ]; then
+        echo "$HPCGPU_RUNS_DIR/$name-$SLURM_JOB_ID"
+    else
+        echo "$HPCGPU_RUNS_DIR/$name-local-$(date +%Y%m%d-%H%M%S)-$$"
+    fi
+}
+
+# hpcgpu_sweep_value VALUE...: the value for this array task, e.g. lr=$(hpcgpu_sweep_value 1e-3 3e-3)
+hpcgpu_sweep_value() {
+    local index=${SLURM_ARRAY_TASK_ID:-0} values=("$@")
+    if [ "$index" -ge "${#values[@]}" ]; then
+        echo "[hpcgpu-job] ERROR: array task $index but only ${#values[@]} sweep values (${values[*]});" \
+             "submit with --array=0-$(( ${#values[@]} - 1 ))" >&2
+        return 2
+    fi
+    echo "${values[$index]}"
+}
+
+# Create the run directory and print what the job is; sets HPCGPU_RUN_DIR.
+_hpcgpu_prepare() {
+    HPCGPU_RUN_DIR=$(hpcgpu_run_dir "${1#apps.}")
+    mkdir -p "$HPCGPU_RUN_DIR" || { echo "[hpcgpu-job] ERROR: cannot create $HPCGPU_RUN_DIR" >&2; exit 2; }
+    export HPCGPU_RUN_DIR
+    hpcgpu_log "job ${SLURM_JOB_ID:-none} (${SLURM_JOB_NAME:-no Slurm}) run $(( ${SLURM_RESTART_COUNT:-0} + 1 ))" \
+               "SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0} on ${SLURM_JOB_NODELIST:-$(hostname)} at $(date -Is)"
+    if [ -n "${SLURM_JOB_ID:-}" ]; then
+        hpcgpu_log "nodes $SLURM_JOB_NUM_NODES, tasks ${SLURM_NTASKS:-?} (${SLURM_NTASKS_PER_NODE:-?} per node)," \
+                   "cpus-per-task ${SLURM_CPUS_PER_TASK:-?}, OMP_NUM_THREADS=$OMP_NUM_THREADS," \
+                   "GPUs per task ${SLURM_GPUS_PER_TASK:-none}"
+    else
+        hpcgpu_log "nodes ${N_NODES:-?}, ranks ${N_RANKS:-?} (${GPUS_PER_NODE:-?} per node)," \
+                   "CPUs per rank ${CPUS_PER_RANK:-?}, OMP_NUM_THREADS=$OMP_NUM_THREADS"
+    fi
+    hpcgpu_log "run directory $HPCGPU_RUN_DIR; python $HPCGPU_PYTHON; repository $HPCGPU_ROOT"
+}
+
+# The topology and binding report (rank -> node -> GPU -> CPUs, links, warnings), in the log and
+# in info.txt. A failure here is reported but does not stop the job: the app would say more.
+_hpcgpu_info() {
+    [ "$HPCGPU_INFO" = 1 ] || return 0
+    hpcgpu_log "topology: ${HPCGPU_LAUNCH[*]} $HPCGPU_PYTHON -m hpcgpu info"
+    "${HPCGPU_LAUNCH[@]}" "$HPCGPU_PYTHON" -m hpcgpu info > "$HPCGPU_RUN_DIR/info.txt" 2>&1
+    local rc=$?
+    cat "$HPCGPU_RUN_DIR/info.txt"
+    [ $rc -eq 0 ] || hpcgpu_log "WARNING: hpcgpu info exited with $rc (see above); starting the app anyway"
+}
+
+_hpcgpu_report_exit() {
+    case $1 in
+        0) hpcgpu_log "finished: exit 0; summary $HPCGPU_RUN_DIR/summary.json" ;;
+        75) hpcgpu_log "stopped early with a checkpoint (exit 75) in $HPCGPU_RUN_DIR/checkpoints:" \
+                       "continue with the preemptible script or --restart latest" ;;
+        2) hpcgpu_log "invalid input (exit 2): see the app's message above" ;;
+        *) hpcgpu_log "failed: exit $1" ;;
+    esac
+}
+
+# hpcgpu_run APP [ARGS...]: one run; the job's exit code is the app's.
+hpcgpu_run() {
+    local app=$1 rc extra
+    shift
+    _hpcgpu_prepare "$app"
+    _hpcgpu_info
+    read -r -a extra <<< "$HPCGPU_APP_ARGS"
+    set -- --output "$HPCGPU_RUN_DIR" --summary "$HPCGPU_RUN_DIR/summary.json" "$@" "${extra[@]}"
+    hpcgpu_log "launch: ${HPCGPU_LAUNCH[*]} $HPCGPU_PYTHON -m $app $*"
+    "${HPCGPU_LAUNCH[@]}" "$HPCGPU_PYTHON" -m "$app" "$@"
+    rc=$?
+    _hpcgpu_report_exit $rc
+    exit $rc
+}
+
+# ---------------------------------------------------------------- preemptible runs
+# Slurm sends SIGUSR1 to this shell only (#SBATCH --signal=B:USR1@SECONDS, or scancel --signal=USR1
+# --batch): bash runs a trap only between commands, so the launcher runs in the background and the
+# trap forwards the signal; srun and mpiexec pass it to every rank, and the app writes a final
+# checkpoint and exits 75. A rank that gets SIGUSR1 before Python installed its handler would die
+# of it, so the signal is held until the run has written a checkpoint or run HPCGPU_SIGNAL_GRACE s.
+_hpcgpu_signal_pending=0
+_hpcgpu_got_term=0
+_hpcgpu_launcher_pid=""
+_hpcgpu_launched_at=0
+
+_hpcgpu_app_is_ready() {
+    compgen -G "$HPCGPU_RUN_DIR/checkpoints/ckpt_*" >/dev/null \
+        || [ $(( SECONDS - _hpcgpu_launched_at )) -ge "$HPCGPU_SIGNAL_GRACE" ]
+}
+
+_hpcgpu_forward_pending_signal() {
+    if [ "$_hpcgpu_signal_pending" = 1 ] && [ -n "$_hpcgpu_launcher_pid" ] && _hpcgpu_app_is_ready; then
+        hpcgpu_log "forwarding SIGUSR1 to the launcher (pid $_hpcgpu_launcher_pid)"
+        kill -USR1 "$_hpcgpu_launcher_pid" 2>/dev/null
+        _hpcgpu_signal_pending=0
+    fi
+}
+
+_hpcgpu_on_usr1() {
+    hpcgpu_log "SIGUSR1 received at $(date -Is): the app will checkpoint and stop"
+    _hpcgpu_signal_pending=1
+    _hpcgpu_forward_pending_signal
+}
+
+# SIGTERM comes from Slurm itself (scancel, time limit, preemption) and reaches the app directly;
+# the shell only keeps waiting so the app can finish its checkpoint, and does not requeue: a
+# preempting Slurm (PreemptMode=REQUEUE) requeues by itself, a cancelled job should stay cancelled.
+_hpcgpu_on_term() {
+    hpcgpu_log "SIGTERM received at $(date -Is): waiting for the app's checkpoint"
+    _hpcgpu_got_term=1
+}
+
+# hpcgpu_run_preemptible APP [ARGS...]: run (from the newest checkpoint if any); requeue on exit 75.
+hpcgpu_run_preemptible() {
+    local app=$1 rc extra restart_count=${SLURM_RESTART_COUNT:-0}
+    shift
+    # Trap first: an untrapped SIGUSR1 kills bash (its default action) and with it the job.
+    trap _hpcgpu_on_usr1 USR1
+    trap _hpcgpu_on_term TERM
+    _hpcgpu_prepare "$app"
+    _hpcgpu_info
+    read -r -a extra <<< "$HPCGPU_APP_ARGS"
+    set -- --output "$HPCGPU_RUN_DIR" --summary "$HPCGPU_RUN_DIR/summary.json" \
+        --checkpoint-dir "$HPCGPU_RUN_DIR/checkpoints" "$@" "${extra[@]}"
+    # Continue from the newest valid checkpoint when there is one (the app verifies it and falls
+    # back to an older one); the first run of a chain has none and starts from the beginning.
+    if compgen -G "$HPCGPU_RUN_DIR/checkpoints/ckpt_*[0-9]" >/dev/null; then
+        set -- --restart latest "$@"
+        hpcgpu_log "continuing from the newest checkpoint in $HPCGPU_RUN_DIR/checkpoints (--restart latest)"
+    else
+        hpcgpu_log "no checkpoint in $HPCGPU_RUN_DIR/checkpoints yet: starting from the beginning"
+    fi
+    if [ "$_hpcgpu_signal_pending" = 1 ] || [ "$_hpcgpu_got_term" = 1 ]; then
+        # Stopped before the app started (e.g. a requeued run that began near its time limit): the
+        # newest checkpoint is still the state to continue from.
+        rc=75
+        hpcgpu_log "signal before the app started: not starting it"
+    else
+        hpcgpu_log "launch: ${HPCGPU_LAUNCH[*]} $HPCGPU_PYTHON -m $app $*"
+        _hpcgpu_launched_at=$SECONDS
+        "${HPCGPU_LAUNCH[@]}" "$HPCGPU_PYTHON" -m "$app" "$@" &
+        _hpcgpu_launcher_pid=$!
+        # `wait` returns early (status > 128) whenever a trapped signal arrives; a short sleep lets
+        # a held signal be forwarded once the app is ready. Loop until the launcher is gone, then
+        # collect its status (bash keeps it for a later `wait`).
+        while kill -0 "$_hpcgpu_launcher_pid" 2>/dev/null; do
+            _hpcgpu_forward_pending_signal
+            sleep 1 &
+            wait $! 2>/dev/null
+        done
+        wait "$_hpcgpu_launcher_pid"
+        rc=$?
+    fi
+    _hpcgpu_report_exit $rc
+    if [ $rc -eq 75 ] && [ -n "${SLURM_JOB_ID:-}" ] && [ "$_hpcgpu_got_term" = 0 ]; then
+        if [ "$restart_count" -ge "$HPCGPU_MAX_RESTARTS" ]; then
+            hpcgpu_log "not requeueing: already restarted $restart_count times (HPCGPU_MAX_RESTARTS)"
+            exit 75
+        fi
+        hpcgpu_log "requeueing job $SLURM_JOB_ID; the next run gets SLURM_RESTART_COUNT=$(( restart_count + 1 ))" \
+                   "and continues from the newest checkpoint"
+        if scontrol requeue "$SLURM_JOB_ID"; then
+            exit 0    # slurmctld has marked the job; this run ends here either way
+        fi
+        hpcgpu_log "scontrol requeue failed (job submitted with --no-requeue?); resubmit to continue"
+    fi
+    exit $rc
+}

@@ -1,0 +1,33 @@
+#!/bin/bash
+# run-mpich.sh APP [APP ARGS...]: one MPI rank per GPU with MPICH's mpiexec (hydra), no Slurm needed.
+#
+#   GPUS_PER_NODE=8 CPUS_PER_RANK=8 N_NODES=2 HOSTFILE=hosts jobscripts/mpirun/run-mpich.sh apps.stencil --steps 1000
+#
+# Starts `python -m hpcgpu info` (rank -> node -> GPU -> CPUs, warnings) and then the app on
+# N_RANKS ranks, GPUS_PER_NODE per node (-ppn), each bound to CPUS_PER_RANK consecutive cores
+# (-bind-to core:C: local rank i gets cores i*C .. i*C+C-1, which on most 8-GPU nodes lie on the
+# socket of GPU i; the info report says "NO" in its "near GPU" column when they do not), each given
+# its GPU by gpu-per-rank.sh (from MPI_LOCALRANKID). Output: runs/<app>-local-<time>-<pid>/ and the
+# terminal. Hydra passes the whole environment to the ranks, NCCL_* included.
+# Knobs (environment): N_NODES [1], GPUS_PER_NODE [8], CPUS_PER_RANK [8], N_RANKS
+# [N_NODES x GPUS_PER_NODE], HOSTFILE [none: hydra's default, or the Slurm allocation],
+# HPCGPU_MPIEXEC [mpiexec on PATH, else the one beside HPCGPU_PYTHON], HPCGPU_MPIEXEC_FLAGS [""],
+# and the common ones (HPCGPU_PYTHON, HPCGPU_APP_ARGS, HPCGPU_RUN_DIR ...): docs/jobscripts.md.
+if [ $# -lt 1 ]; then
+    echo "usage: $0 APP [APP ARGS...]   (e.g. $0 apps.stencil --model jacobi)" >&2
+    exit 2
+fi
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export HPCGPU_ROOT=${HPCGPU_ROOT:-$(cd "$here/../.." && pwd)}
+N_NODES=${N_NODES:-1}
+GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+CPUS_PER_RANK=${CPUS_PER_RANK:-8}
+N_RANKS=${N_RANKS:-$(( N_NODES * GPUS_PER_NODE ))}
+export CPUS_PER_RANK
+source "$HPCGPU_ROOT/jobscripts/common.sh" || exit 2
+
+mpiexec=${HPCGPU_MPIEXEC:-$(command -v mpiexec || echo "$(dirname "$(command -v "$HPCGPU_PYTHON")")/mpiexec")}
+read -r -a launcher_flags <<< "${HPCGPU_MPIEXEC_FLAGS:-}"
+HPCGPU_LAUNCH=("$mpiexec" -n "$N_RANKS" -ppn "$GPUS_PER_NODE" ${HOSTFILE:+-f "$HOSTFILE"}
+               -bind-to "core:$CPUS_PER_RANK" "${launcher_flags[@]}" "$here/gpu-per-rank.sh")
+hpcgpu_run "$@"
