@@ -102,12 +102,20 @@ def test_help_lists_the_training_flags():
         assert flag in result.stdout
 
 
+def test_restart_latest_without_any_checkpoint_starts_from_the_beginning(tmp_path):
+    """The first job of a requeue chain runs with --restart latest before any checkpoint exists."""
+    result = run_mpi(1, [sys.executable, "-m", "apps.train", "--output", str(tmp_path / "out"), "--steps", "2",
+                         "--checkpoint-dir", str(tmp_path / "none"), "--restart", "latest"], timeout=120)
+    assert result.returncode == 0, result.output
+    assert "starting from the beginning" in result.output
+
+
 @pytest.mark.parametrize("args, expected", [
     (["--no-such-flag"], "unrecognized arguments"),
     (["--batch-size", "4", "--accum-steps", "4", "--steps", "1"], "--accum-steps"),
     (["--data", "/nonexistent/train.h5", "--steps", "1"], "file not found"),
     (["--precision", "fp8"], "invalid choice"),
-    (["--restart", "latest", "--steps", "1"], "no checkpoint found"),
+    (["--restart", "/nonexistent/ckpt_000000005", "--steps", "1"], "file is missing"),
 ])
 def test_bad_input_exits_2_with_one_message(tmp_path, args, expected):
     result = run_mpi(2, [sys.executable, "-m", "apps.train", "--quiet", "--output", str(tmp_path / "out"),
