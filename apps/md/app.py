@@ -228,7 +228,8 @@ def run(options, comm) -> dict:
     while state.step < steps:
         next_step = state.step + 1
         want_thermo = next_step % thermo_every == 0 or next_step == steps
-        distributed.step(state, config, compute_energy=want_thermo, timers=timers)
+        with timers.range(f"step {next_step}"):
+            distributed.step(state, config, compute_energy=want_thermo, timers=timers)
         sample = sample_thermo() if want_thermo else None
         if writer is not None and options.dump_every and state.step % options.dump_every == 0:
             _dump(comm, state, writer, sample, timers)

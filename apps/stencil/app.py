@@ -163,11 +163,12 @@ def run(options, comm) -> dict:
             from hpcgpu.app.graph import StepGraph
 
             graph = StepGraph(arch, model, 2)
-        if (graph is not None and model.step_index + 2 <= steps and model.capturable(2)
-                and not control.wants_save(model.step_index + 1)):
-            graph.launch(timers)
-        else:
-            model.step(timers)
+        with timers.range(f"step {model.step_index + 1}"):
+            if (graph is not None and model.step_index + 2 <= steps and model.capturable(2)
+                    and not control.wants_save(model.step_index + 1)):
+                graph.launch(timers)
+            else:
+                model.step(timers)
         if options.nan_check_every and model.step_index % options.nan_check_every == 0:
             check_finite(comm, model)
         progress.update(model.step_index, model.progress_note())

@@ -76,6 +76,17 @@ class PhaseTimers:
             finally:
                 self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - started
 
+    @contextlib.contextmanager
+    def range(self, name: str):
+        """An NVTX range only (no timing): marks a whole step in Nsight Systems timelines."""
+        if self._nvtx:
+            self._nvtx[0](name)
+        try:
+            yield
+        finally:
+            if self._nvtx:
+                self._nvtx[1]()
+
     def _event(self, cupy):
         # Creating a CUDA event costs microseconds; resolved events are reused.
         return self._free_events.pop() if self._free_events else cupy.cuda.Event()
