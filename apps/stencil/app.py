@@ -59,7 +59,14 @@ def build_parser(rank: int = 0):
     model.add_argument("--modes", type=lambda s: tuple(int(v) for v in s.split(",")), default=(1, 2, 3),
                        help="heat3d: wavenumbers kz,ky,kx of the initial mode [1,2,3]")
     swe = parser.add_argument_group("shallow water (--model swe)")
-    swe.add_argument("--init", choices=("jet", "geostrophic", "gaussian"), default="jet", help="initial condition [jet]")
+    swe.add_argument("--grid", choices=("channel", "latlon"), default="channel",
+                     help="channel: beta-plane channel; latlon: the sphere (Williamson test cases) [channel]")
+    swe.add_argument("--init", choices=("jet", "geostrophic", "gaussian", "williamson2", "williamson5", "williamson6"),
+                     default=None, help="initial condition [channel: jet; latlon: williamson2]")
+    swe.add_argument("--alpha", type=float, default=0.0,
+                     help="latlon williamson2: angle of the flow to the equator in radians [0]")
+    swe.add_argument("--filter-latitude", type=float, default=60.0, metavar="DEGREES",
+                     help="latlon: polar Fourier filter poleward of this latitude; sets the time step [60]")
     swe.add_argument("--days", type=float, default=None, help="simulated days (sets --steps from the time step) [6]")
     swe.add_argument("--dt", type=float, default=None, help="time step in seconds [from the CFL condition]")
     swe.add_argument("--cfl", type=float, default=0.7, help="fraction of the stability limit used as time step [0.7]")
@@ -100,8 +107,16 @@ def make_model(comm, arch, options):
         from apps.stencil.jacobi.model import JacobiModel as Model
     elif options.model == "heat3d":
         from apps.stencil.heat3d.model import Heat3DModel as Model
+    elif options.grid == "latlon":
+        from apps.stencil.sphere.model import LatLonModel as Model
     else:
         from apps.stencil.swe.model import SweModel as Model
+    if options.model == "swe" and options.init is None:
+        options.init = "williamson2" if options.grid == "latlon" else "jet"
+    channel_cases, sphere_cases = ("jet", "geostrophic", "gaussian"), ("williamson2", "williamson5", "williamson6")
+    if options.model == "swe" and options.init not in (sphere_cases if options.grid == "latlon" else channel_cases):
+        raise ConfigurationError(f"--init {options.init} does not exist on --grid {options.grid}; choose one of "
+                                 f"{', '.join(sphere_cases if options.grid == 'latlon' else channel_cases)}")
     for axis, value in Model.default_shape.items():
         if getattr(options, axis) is None:
             setattr(options, axis, value)

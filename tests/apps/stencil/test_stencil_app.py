@@ -88,7 +88,16 @@ def test_geostrophic_error_after_5_days_converges_at_second_order(tmp_path):
     assert all(order >= 2 - 0.3 for order in orders), (errors, orders)
 
 
+def test_latlon_grid_through_the_app_is_rank_count_independent_and_conserves_mass(tmp_path):
+    args = ("--grid", "latlon", "--init", "williamson6", "--nx", "64", "--ny", "32", "--steps", "20")
+    summaries = [run_app(tmp_path, n, *args, *dims, name=f"ll{n}{'x'.join(dims)}")
+                 for n, dims in [(1, ()), (2, ()), (4, ("--dims", "2,2")), (3, ("--dims", "3,1"))]]
+    assert len({s["checksum"] for s in summaries}) == 1
+    assert abs(summaries[0]["diagnostics"]["mass_relative_change"]) <= 1e-12
+
+
 @pytest.mark.parametrize("args, expected", [
+    (["--grid", "latlon", "--init", "jet"], "does not exist on --grid latlon"),
     (["--no-such-flag"], "unrecognized arguments"),
     (["--model", "jacobi", "--nx", "4", "--ny", "2", "--dims", "3,3"], "cannot split"),
     (["--model", "swe", "--nx", "40", "--ny", "20", "--dt", "5000"], "exceeds"),

@@ -1,0 +1,39 @@
+"""Shallow-water equations on the sphere: a latitude-longitude C-grid for ``apps.stencil`` (``--grid latlon``).
+
+Vector-invariant equations with Sadourny's energy-conserving vorticity term and flux-form continuity
+on an Arakawa C-grid (h at cell centres, u on west faces, v on south faces, vorticity at corners;
+no point at a pole, v = 0 on the zero-length pole faces), SSP-RK3 in time, a Fourier polar filter
+poleward of a cutoff latitude (whole latitude circles gathered in row communicators), and the
+Williamson et al. (1992) test cases 2, 5 and 6. Earth constants a = 6.37122e6 m,
+Omega = 7.292e-5 1/s, g = 9.80616 m/s^2. Like :mod:`apps.stencil.swe`, every numerical function works
+on padded local arrays of one tile; :class:`apps.stencil.sphere.model.LatLonModel` adds MPI.
+
+Modules
+-------
+``parameters``          :class:`SphereParameters`, :class:`SphereTile`, :func:`tile_parameters` (grid, metrics)
+``stage``/``stage_cpu`` :func:`sphere_stage`, the fused SSP-RK3 stage (scheme documented there); Numba kernel
+``polar_filter``        :func:`damping_factors`, :func:`make_filter_plan`, :func:`filter_and_combine`
+``timestep``            :func:`stability_rate` (CFL at the cutoff), one-tile :func:`ssp_rk3_step`
+``initial_conditions``  ``williamson2/5/6``, :func:`make_initial_condition`, :func:`initial_owned_state`
+``diagnostics``         mass, energy, potential enstrophy; Williamson l1/l2/linf errors
+``model``               :class:`LatLonModel` (the app-level model, same interface as ``SweModel``)
+"""
+
+from apps.stencil.sphere.diagnostics import DIAGNOSTIC_NAMES, error_norms, local_diagnostics, local_error_sums
+from apps.stencil.sphere.initial_conditions import (
+    INITIAL_CONDITIONS,
+    InitialCondition,
+    initial_owned_state,
+    make_initial_condition,
+)
+from apps.stencil.sphere.parameters import SphereParameters, SphereTile, tile_parameters
+from apps.stencil.sphere.polar_filter import damping_factors, filter_and_combine, make_filter_plan, mpi_row_gather
+from apps.stencil.sphere.stage import SSP_RK3_STAGES, sphere_stage
+from apps.stencil.sphere.timestep import DEFAULT_CFL, ssp_rk3_step, stability_rate
+
+__all__ = [
+    "DEFAULT_CFL", "DIAGNOSTIC_NAMES", "INITIAL_CONDITIONS", "SSP_RK3_STAGES", "InitialCondition",
+    "SphereParameters", "SphereTile", "damping_factors", "error_norms", "filter_and_combine",
+    "initial_owned_state", "local_diagnostics", "local_error_sums", "make_filter_plan",
+    "make_initial_condition", "mpi_row_gather", "sphere_stage", "ssp_rk3_step", "stability_rate", "tile_parameters",
+]  # fmt: skip

@@ -1,0 +1,220 @@
+"""The shallow-water model on a latitude-longitude grid as an ``apps.stencil`` model (``--grid latlon``).
+
+Each of the three SSP-RK3 stages of a step::
+
+    start exchanging the stage input (h, u, v; periodic in longitude, tile neighbours)
+    update the interior of the stage output          (overlaps the exchange)
+    wait; fill the ghost rows beyond the poles (mirror, zero-length pole faces)
+    update the rim
+    polar filter: allgather the polar rows' increments in the row communicator, FFT, combine
+
+The time step is fixed for the run: ``dt`` (checked against the limit) or ``cfl`` times the limit
+of the initial state with the zonal spacing of the filter cutoff latitude.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import hpcgpu
+from apps.stencil.checkpointing import CheckpointedModel
+from apps.stencil.sphere.diagnostics import DIAGNOSTIC_NAMES, error_norms, local_diagnostics, local_error_sums
+from apps.stencil.sphere.initial_conditions import SECONDS_PER_DAY, initial_owned_state, make_initial_condition
+from apps.stencil.sphere.parameters import DEFAULT_FILTER_LATITUDE_DEG, SphereParameters, tile_parameters
+from apps.stencil.sphere.polar_filter import filter_and_combine, make_filter_plan, mpi_row_gather
+from apps.stencil.sphere.stage import SSP_RK3_STAGES, sphere_stage
+from apps.stencil.sphere.timestep import DEFAULT_CFL, stability_rate
+from apps.stencil.swe.boundaries import fill_channel_boundaries
+from hpcgpu.errors import ConfigurationError
+from hpcgpu.halo.regions import split_owned
+
+OPTION_DEFAULTS = {"nx": 128, "ny": 64, "init": "williamson2", "alpha": 0.0, "days": None, "dt": None,
+                   "cfl": DEFAULT_CFL, "dims": None, "precision": "fp64",
+                   "filter_latitude": DEFAULT_FILTER_LATITUDE_DEG}  # fmt: skip
+"""Options the model reads (``getattr(options, name, default)``); filter_latitude in degrees."""
+
+
+def _option(options, name):
+    value = getattr(options, name, None)
+    return OPTION_DEFAULTS[name] if value is None else value
+
+
+class LatLonModel(CheckpointedModel):
+    """Nonlinear shallow water on the sphere (Williamson test cases 2, 5, 6), lat-lon C-grid."""
+
+    name = "latlon"
+    unit = "cell-updates/s"
+    default_shape = {"nx": 128, "ny": 64}
+    default_days = 5.0
+
+    def __init__(self, comm, arch, options):
+        self.comm, self.arch = comm, arch
+        if arch.is_gpu:
+            raise ConfigurationError("the latlon model has no GPU kernels yet; run it with --backend numpy")
+        self.dtype = "float32" if _option(options, "precision") == "fp32" else "float64"
+        nx, ny = int(_option(options, "nx")), int(_option(options, "ny"))
+        self.init_name = _option(options, "init")
+        alpha = float(_option(options, "alpha")) if self.init_name == "williamson2" else 0.0
+        self.parameters = SphereParameters(nx=nx, ny=ny, alpha=alpha,
+                                           filter_latitude=math.radians(float(_option(options, "filter_latitude"))))
+        self.grid = hpcgpu.Decomposition(comm, (ny, nx), dims=_option(options, "dims"), periodic=(False, True))
+        width = 1
+        for axis, label in enumerate(("latitude", "longitude")):
+            if self.grid.min_extent(axis) < width:
+                raise ConfigurationError(f"latlon: every rank needs >= {width} cells in {label}; {self.grid} gives fewer")
+        self.initial = make_initial_condition(self.init_name, self.parameters)
+        make = lambda name: hpcgpu.Field(self.grid, arch, halo_width=width, dtype=self.dtype, name=name)  # noqa: E731
+        self.state = [make("h"), make("u"), make("v")]
+        self.work = [[make("h"), make("u"), make("v")] for _ in range(2)]
+        self.increment = [np.zeros(f.data.shape, dtype=self.dtype) for f in self.state]
+        start, shape = self.grid.local_start, self.grid.local_shape
+        self.tile = tile_parameters(self.parameters, start[0], shape[0], start[1], shape[1], width,
+                                    self.initial.topography, xp=np, dtype=np.dtype(self.dtype))
+        self.plan = make_filter_plan(self.parameters, start[0], shape[0], start[1], shape[1], width)
+        # Ranks of one latitude band, ordered by longitude: the polar filter's whole circles.
+        self.row_comm = comm.mpi.Split(color=self.grid.coords[0], key=self.grid.coords[1])
+        self.gather = mpi_row_gather(self.row_comm)
+        self.interior, self.rim = split_owned(shape, (width, width), (1, 1))
+        h, u, v = initial_owned_state(self.initial, self.parameters, start, shape)
+        self.exact_h = h.copy()
+        for field, values in zip(self.state, (h, u, v)):
+            field.interior[...] = values.astype(self.dtype)
+        self.exchange(self.state)
+        self.dt = self._choose_dt(options)
+        days = _option(options, "days")
+        days = self.default_days if days is None else float(days)
+        self.steps = max(1, math.ceil(days * SECONDS_PER_DAY / self.dt))
+        self.step_index = 0
+        self.updates_per_step = nx * ny
+        self.initial_diagnostics = self._diagnostics_now()
+        self.history = [self._history_entry(self.initial_diagnostics)]
+
+    def _choose_dt(self, options) -> float:
+        h, u, v = (f.data for f in self.state)
+        rate = self.comm.allreduce(stability_rate(h, u, v, self.tile, self.parameters.filter_latitude), "max")
+        limit = 1.0 / rate
+        dt, cfl = getattr(options, "dt", None), float(_option(options, "cfl"))
+        if dt is not None:
+            if not (0 < dt <= limit):
+                raise ConfigurationError(f"--dt {dt} s is outside (0, {limit:.4g}] s, the stability limit of this state")
+            return float(dt)
+        if not 0 < cfl <= 1:
+            raise ConfigurationError(f"--cfl must be in (0, 1]; got {cfl}")
+        return cfl * limit
+
+    def exchange(self, fields) -> None:
+        """Fill all ghosts of (h, u, v): halo exchange, then the mirrors beyond the poles."""
+        hpcgpu.exchange_halos(fields, wait=True)
+        self.fill_poles(fields)
+
+    def fill_poles(self, fields) -> None:
+        # The pole faces have zero length, so the mirror ghosts only ever meet exact zero weights;
+        # the channel's wall mirror (v odd, h and u even) is the right fill.
+        h, u, v = (f.data for f in fields)
+        fill_channel_boundaries(h, u, v, 1, self.tile.at_south, self.tile.at_north)
+
+    # ------------------------------------------------------------------ stepping
+    @property
+    def fields(self):
+        return self.state
+
+    @property
+    def time(self) -> float:
+        return self.step_index * self.dt
+
+    def step(self, timers) -> None:
+        inputs = (self.state, self.work[0], self.work[1])
+        outputs = (self.work[0], self.work[1], self.state)
+        filtered = self.plan.filtered_rows
+        for (a, b), source, target in zip(SSP_RK3_STAGES, inputs, outputs):
+            base, stage, out = ([f.data for f in fs] for fs in (self.state, source, target))
+            pending = hpcgpu.exchange_halos(source, wait=False)
+            with timers.phase("compute"):
+                if self.interior is not None:
+                    sphere_stage(out, base, stage, self.increment, a, b, self.dt, self.tile, filtered, self.interior)
+            with timers.phase("communication"):
+                pending.wait()
+            with timers.phase("compute"):
+                self.fill_poles(source)
+                for region in self.rim:
+                    sphere_stage(out, base, stage, self.increment, a, b, self.dt, self.tile, filtered, region)
+            with timers.phase("communication"):
+                filter_and_combine(out, base, stage, self.increment, a, b, self.plan, self.gather)
+        self.step_index += 1
+
+    def capturable(self, n_steps: int = 1) -> bool:
+        return False  # the polar filter gathers on the host every stage
+
+    def progress_note(self) -> str:
+        return f"day {self.time / SECONDS_PER_DAY:.2f}"
+
+    # ------------------------------------------------------------------ diagnostics
+    def _diagnostics_now(self) -> dict:
+        self.exchange(self.state)
+        local = local_diagnostics(*(f.data for f in self.state), self.tile)
+        return {name: self.comm.allreduce(local[name], "sum") for name in DIAGNOSTIC_NAMES}
+
+    def _history_entry(self, values: dict) -> dict:
+        return {"days": self.time / SECONDS_PER_DAY, **values}
+
+    def after_step(self, timers, output, total_steps) -> None:
+        """Record the energy / enstrophy history (about 50 entries per run)."""
+        every = max(1, total_steps // 50)
+        if self.step_index == 0:
+            return  # the initial entry is recorded at construction
+        if self.step_index % every == 0 or self.step_index == total_steps:
+            with timers.phase("io"):
+                self.history.append(self._history_entry(self._diagnostics_now()))
+
+    def height_errors(self) -> dict:
+        """Williamson l1, l2, linf of h against the initial h (the exact solution of case 2). Collective."""
+        sums = local_error_sums(self.state[0].data, self.exact_h, self.tile)
+        reduced = {key: self.comm.allreduce(value, "max" if key.startswith("max") else "sum") for key, value in sums.items()}
+        return error_norms(reduced)
+
+    def diagnostics(self) -> dict:
+        """Collective: integrals now and at the start, their relative changes, and the case-2 errors."""
+        now = self._diagnostics_now()
+        result = {"days": self.time / SECONDS_PER_DAY, "dt_seconds": self.dt, "init": self.init_name}
+        for name in DIAGNOSTIC_NAMES:
+            start = self.initial_diagnostics[name]
+            result[name] = now[name]
+            result[f"{name}_relative_change"] = (now[name] - start) / abs(start) if start else float("nan")
+        norms = self.height_errors()
+        prefix = "height_error" if self.init_name == "williamson2" else "height_change"
+        for key, value in norms.items():
+            result[f"{prefix}_{key}"] = value
+        return result
+
+    def finish(self, output, summary, plot: bool = True) -> None:
+        """Rank 0 writes the energy / potential-enstrophy history to ``latlon_history.json``."""
+        if self.comm.rank == 0 and output is not None:
+            import json
+            from pathlib import Path
+
+            path = Path(output) / "latlon_history.json"
+            path.write_text(json.dumps({"init": self.init_name, "dt_seconds": self.dt, "history": self.history}, indent=1))
+
+    # ------------------------------------------------------------------ checkpoint / restart
+    def _extra_state(self) -> dict:
+        return {"dt": self.dt, "init": self.init_name, "alpha": self.parameters.alpha,
+                "filter_latitude": self.parameters.filter_latitude}
+
+    def _restore_extra(self, replicated: dict) -> None:
+        for key, mine in (("init", self.init_name), ("alpha", self.parameters.alpha),
+                          ("filter_latitude", self.parameters.filter_latitude)):
+            if replicated[key] != mine:
+                raise ConfigurationError(f"the checkpoint was written with {key}={replicated[key]!r}, not {mine!r}")
+        self.dt = float(replicated["dt"])
+
+    def after_restore(self) -> None:
+        self.exchange(self.state)
+
+    def describe(self) -> str:
+        p = self.parameters
+        return (f"shallow water on the sphere, lat-lon C-grid {p.nx} x {p.ny} ({math.degrees(p.dlon):.3g} x "
+                f"{math.degrees(p.dlat):.3g} deg), init {self.init_name} (alpha {p.alpha:g}), polar filter "
+                f"poleward of {math.degrees(p.filter_latitude):g} deg, dt {self.dt:.1f} s, {self.steps} steps = "
+                f"{self.steps * self.dt / SECONDS_PER_DAY:.2f} days, {self.dtype}")
