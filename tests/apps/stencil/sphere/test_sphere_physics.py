@@ -70,3 +70,20 @@ def test_rossby_haurwitz_wave_drifts_east_near_the_haurwitz_speed():
     shift = -np.angle(after / before) / 4
     shift += round((expected_shift - shift) / (math.pi / 2)) * (math.pi / 2)
     assert abs(shift / expected_shift - 1) < 0.10, shift / expected_shift
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 9 asks for the case-6 drift within 5% of the nondivergent Haurwitz speed; the scheme converges to "
+    "about 0.92 of it (0.9445, 0.9297, 0.9249 at 64x32, 128x64, 256x128; differences shrink ~3x per "
+    "refinement), so either the shallow-water wave is ~8% slower than the formula or a term is off: open"))
+def test_rossby_haurwitz_drift_within_5_percent_of_haurwitz():
+    p = SphereParameters(nx=64, ny=32)
+    state, initial = global_state(p, "williamson6")
+    seconds, n_steps = 5 * 86400.0, 720
+    final = run_tiled(state, p, [0, p.ny], [0, p.nx], seconds / n_steps, n_steps)
+    row = int(np.argmin(np.abs(p.center_latitudes(np.arange(p.ny)) - math.radians(45.0))))
+    before, after = np.fft.rfft(state[0][row])[4], np.fft.rfft(final[0][row])[4]
+    expected_shift = initial.rossby_haurwitz_speed * seconds
+    shift = -np.angle(after / before) / 4
+    shift += round((expected_shift - shift) / (math.pi / 2)) * (math.pi / 2)
+    assert abs(shift / expected_shift - 1) <= 0.05, shift / expected_shift
