@@ -39,12 +39,12 @@ from ._arrays import array_module, to_numpy
 from .cells import bin_atoms, make_cell_grid
 from .forces import compute_forces, compute_forces_per_atom
 from .ghosts import wrap_positions
-from .integrate import (langevin_forces, nose_hoover_energy, nose_hoover_half_step, velocity_verlet_first_half,
+from .integrate import (langevin_forces, nose_hoover_half_step, velocity_verlet_first_half,
                         velocity_verlet_second_half)
 from .neighbors import build_neighbor_list, needs_rebuild
 from .potential import tail_corrections
 from .reduction import global_sums
-from .serial import MDConfig, MDState
+from .serial import MDConfig, MDState, thermostat_energy_per_atom
 from .thermo import Thermo, degrees_of_freedom, kinetic_energy, thermo_sample
 
 _MIGRATED = ("velocities", "masses", "types", "atom_ids", "images")
@@ -277,11 +277,7 @@ def thermo(state: DistributedState, config: MDConfig) -> Thermo:
 def conserved_energy(state: DistributedState, config: MDConfig, sample: Thermo | None = None) -> float:
     """Collective: total energy per atom plus the Nose-Hoover thermostat energy per atom (epsilon)."""
     sample = sample or thermo(state, config)
-    extra = 0.0
-    if config.thermostat == "nose_hoover":
-        extra = nose_hoover_energy(state.nose_hoover, degrees_of_freedom(state.n_atoms), config.temperature,
-                                   config.damping) / state.n_atoms
-    return sample.total_energy + extra
+    return sample.total_energy + thermostat_energy_per_atom(state.nose_hoover, state.n_atoms, config)
 
 
 def owned_arrays(state: DistributedState) -> dict:

@@ -226,14 +226,16 @@ def thermo(state: MDState, config: MDConfig) -> Thermo:
                          state.n_local, volume, energy_tail, pressure_tail)
 
 
+def thermostat_energy_per_atom(nose_hoover: NoseHooverState, n_atoms: int, config: MDConfig) -> float:
+    """The Nose-Hoover thermostat's energy per atom (epsilon); 0 for other thermostats."""
+    if config.thermostat != "nose_hoover":
+        return 0.0
+    return nose_hoover_energy(nose_hoover, degrees_of_freedom(n_atoms), config.temperature, config.damping) / n_atoms
+
+
 def conserved_energy(state: MDState, config: MDConfig) -> float:
     """Total energy per atom plus the Nose-Hoover thermostat energy per atom (epsilon)."""
-    sample = thermo(state, config)
-    extra = 0.0
-    if config.thermostat == "nose_hoover":
-        extra = nose_hoover_energy(state.nose_hoover, degrees_of_freedom(state.n_local), config.temperature,
-                                   config.damping) / state.n_local
-    return sample.total_energy + extra
+    return thermo(state, config).total_energy + thermostat_energy_per_atom(state.nose_hoover, state.n_local, config)
 
 
 def host_arrays_by_id(state: MDState) -> dict:

@@ -27,6 +27,7 @@ from hpcgpu.app.progress import Progress
 from hpcgpu.app.summary import make_summary, write_json
 from hpcgpu.app.timers import PhaseTimers, format_timers
 from hpcgpu.errors import ConfigurationError, NumericalError
+from hpcgpu.transport import auto_transport_name
 from hpcgpu.monitor import GpuMonitor, add_monitor_arguments
 
 MODELS = ("swe", "jacobi", "heat3d")
@@ -207,7 +208,7 @@ def run(options, comm) -> dict:
         steps=done, wall_seconds=wall, throughput=throughput, unit=model.unit, timers=timer_summary,
         diagnostics=diagnostics, checksum=checksum,
         extra={"model": model.name, "precision": model.dtype, "updates_per_step": model.updates_per_step,
-               "graph": bool(graph), "transport": _transport_name(arch), **monitor_extra},
+               "graph": bool(graph), "transport": auto_transport_name(arch), **monitor_extra},
     )
     if hasattr(model, "finish"):
         model.finish(output, summary, plot=not options.no_plot)
@@ -223,12 +224,6 @@ def run(options, comm) -> dict:
     if comm.rank == 0 and options.summary:
         write_json(options.summary, summary)
     return summary
-
-
-def _transport_name(arch) -> str:
-    from hpcgpu.transport import auto_transport_name
-
-    return auto_transport_name(arch)
 
 
 def main(argv=None) -> int:

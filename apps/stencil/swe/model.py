@@ -92,14 +92,10 @@ class SweModel(CheckpointedModel):
             raise ConfigurationError(f"--cfl must be in (0, 1]; got {options.cfl}")
         return options.cfl * limit
 
-    def exchange(self, fields, wait: bool = True):
+    def exchange(self, fields) -> None:
         """Fill the ghosts of (h, u, v): one exchange for all three, then the walls."""
-        pending = hpcgpu.exchange_halos(fields, wait=False)
-        if not wait:
-            return pending
-        pending.wait()
+        hpcgpu.exchange_halos(fields)
         self.fill_walls(fields)
-        return None
 
     def fill_walls(self, fields) -> None:
         h, u, v = (f.data for f in fields)
