@@ -7,7 +7,9 @@ between ranks and ghosts come from neighbouring ranks (:mod:`hpcgpu.particles`).
     1. Nose-Hoover half step, v *= scale (global kinetic energy: allreduce)     (thermostat "nose_hoover")
     2. v += dt/2 f/m ; x += dt v                                               velocity_verlet_first_half
     3. every ``rebuild_every`` steps: if ``rebuild_check`` is False, or an atom on ANY rank moved more
-       than skin/2 (one allreduce of the flag), rebuild:
+       than skin/2 (one allreduce of the flag; with a lazy check, ``state.watch``, the flag is kept on
+       the device and read every few steps, replaying from the last check when a crossing was missed:
+       :mod:`apps.md.watch`), rebuild:
            wrap into the box -> migrate to the owning ranks -> sort by cell -> ghost exchange (build)
            -> cell binning -> neighbour list (grown and redone on overflow)
        otherwise ghost positions are refreshed along the same lists (GhostExchange.forward)
@@ -46,6 +48,7 @@ from .potential import tail_corrections
 from .reduction import global_sums
 from .serial import MDConfig, MDState, thermostat_energy_per_atom
 from .thermo import Thermo, degrees_of_freedom, kinetic_energy, thermo_sample
+from .watch import RebuildWatch, first_half_and_watch
 
 _MIGRATED = ("velocities", "masses", "types", "atom_ids", "images")
 
@@ -66,6 +69,7 @@ class DistributedState(MDState):
 
     domain: ParticleDomain | None = None
     ghosts: GhostExchange | None = None
+    watch: RebuildWatch | None = None
     n_atoms: int = 0
     per_atom_energy: tuple | None = None
 
@@ -106,28 +110,116 @@ def init(domain: ParticleDomain, positions, velocities, config: MDConfig, types=
         domain=domain, n_atoms=int(domain.comm.allreduce(n_local)))
     rebuild(state, config, sort=config.sort_every > 0)
     _forces(state, compute_energy=True)
+    _attach_watch(state, config)
     return state
 
 
+# How one step decides about the neighbour list (see apps.md.watch for the lazy scheme).
+_EAGER = "eager"       # check on the host every step (check_interval 1): a sync + allreduce per step
+_WATCH = "watch"       # record displacements on the device, do not read them
+_VERIFY = "verify"     # record, then read (collective): rebuild now, or report an earlier exceedance
+_TRUSTED = "trusted"   # replay of a step known to need no rebuild
+_REBUILD = "rebuild"   # replay of the step where the list must be rebuilt
+
+
 def step(state: DistributedState, config: MDConfig, compute_energy: bool = False, timers=None) -> None:
-    """Collective: advance ``state`` by one time step in place (order in the module docstring). Returns None."""
+    """Collective: advance ``state`` by one time step in place (order in the module docstring). Returns None.
+
+    With a lazy rebuild check (``state.watch``, GPU default) the host reads the displacement watch only
+    on check steps (always when ``compute_energy``); if an earlier step had already crossed skin/2 the
+    steps since the last check are run again from the saved state with the rebuild where it belongs,
+    so the result is the one of an every-step check (:mod:`apps.md.watch`).
+    """
     timers = timers or _NoTimers()
+    watch = state.watch
+    if watch is None:
+        _advance(state, config, compute_energy, timers, _EAGER)
+        return
+    target = state.step + 1
+    mode = _VERIFY if (compute_energy or target >= watch.next_check) else _WATCH
+    first = _advance(state, config, compute_energy, timers, mode)
+    if first is not None:
+        _replay(state, config, target, first, compute_energy, timers)
+
+
+def settle(state: DistributedState, config: MDConfig | None = None, timers=None) -> None:
+    """Collective: verify the steps run since the last check (replaying them if needed). Returns None.
+
+    Call before using the state outside :func:`step` (thermo, output, checkpoints, the end of a run);
+    :func:`thermo`, :func:`gather_by_id` and :func:`checkpoint_payload` call it themselves.
+    """
+    watch = state.watch
+    if watch is None or watch.verified_step >= state.step:
+        return
+    timers = timers or _NoTimers()
+    with timers.phase("communication"):
+        first, largest = watch.read(state.domain.comm)
+    if first > state.step:
+        watch.verified(state, largest)
+        return
+    _replay(state, config or watch.config, state.step, first, state.energy_step == state.step, timers)
+
+
+def _replay(state, config, target, rebuild_at, compute_energy, timers) -> None:
+    """Back to the last verified state, then run to step ``target`` again with the rebuild at ``rebuild_at``."""
+    watch = state.watch
+    while True:
+        watch.restore(state)
+        outcome = None
+        while state.step < target:
+            n = state.step + 1
+            last = n == target
+            mode = _TRUSTED if n < rebuild_at else _REBUILD if n == rebuild_at else _VERIFY if last else _WATCH
+            watch.n_replayed_steps += 1
+            outcome = _advance(state, config, compute_energy and last, timers, mode)
+            if outcome is not None:
+                break
+        if outcome is None:
+            return
+        rebuild_at = outcome   # a later step of the replay crossed skin/2 too: back to that rebuild
+
+
+def _advance(state, config, compute_energy, timers, mode):
+    """One step; returns None, or (``_VERIFY`` only) the earlier step whose exceedance needs a replay."""
     comm = state.domain.comm
     dt = config.dt
+    watch = state.watch
     if config.thermostat == "nose_hoover":
         _nose_hoover_scale(state, config, timers)
+    new_step = state.step + 1
+    on_schedule = new_step % config.rebuild_every == 0
+    watching = mode in (_WATCH, _VERIFY) and on_schedule and config.rebuild_check
     with timers.phase("compute"):
-        velocity_verlet_first_half(state.positions, state.velocities, state.forces, state.masses, dt)
-    state.step += 1
-    rebuild_now = state.step % config.rebuild_every == 0
-    if rebuild_now and config.rebuild_check:
-        with timers.phase("compute"):
-            moved = needs_rebuild(state.positions, state.neighbor_list)
+        if watching:
+            first_half_and_watch(state.positions, state.velocities, state.forces, state.masses, dt,
+                                 state.neighbor_list.reference_positions, watch.threshold_sq, new_step, watch.values)
+        else:
+            velocity_verlet_first_half(state.positions, state.velocities, state.forces, state.masses, dt)
+    state.step = new_step
+    largest = None
+    if not config.rebuild_check:
+        rebuild_now = on_schedule
+    elif mode == _EAGER:
+        rebuild_now = False
+        if on_schedule:
+            with timers.phase("compute"):
+                moved = needs_rebuild(state.positions, state.neighbor_list)
+            with timers.phase("communication"):
+                rebuild_now = bool(comm.allreduce(int(moved), "max"))   # any rank's atom => every rank rebuilds
+    elif mode == _VERIFY:
         with timers.phase("communication"):
-            rebuild_now = bool(comm.allreduce(int(moved), "max"))   # any rank's atom => every rank rebuilds
+            first, largest = watch.read(comm)
+        if first < new_step:
+            return first
+        rebuild_now = first == new_step
+    else:
+        rebuild_now = mode == _REBUILD
     if rebuild_now:
         sort = config.sort_every > 0 and (state.n_builds % config.sort_every == 0)
         rebuild(state, config, sort=sort, timers=timers)
+        if watch is not None:
+            watch.reset(new_step)
+            largest = None
     else:
         with timers.phase("communication"):
             state.ghosts.forward(state.positions)
@@ -139,6 +231,28 @@ def step(state: DistributedState, config: MDConfig, compute_energy: bool = False
         velocity_verlet_second_half(state.velocities, state.forces, state.masses, dt)
     if config.thermostat == "nose_hoover":
         _nose_hoover_scale(state, config, timers)
+    if watch is not None and (rebuild_now or mode == _VERIFY):
+        watch.verified(state, largest)
+    return None
+
+
+def check_interval(config: MDConfig, is_gpu: bool) -> int:
+    """Steps between host reads of the rebuild watch: ``config.check_interval``, or 10 on a GPU and 1
+    (every step, no watch) on the CPU when it is None."""
+    if config.check_interval is not None:
+        return int(config.check_interval)
+    return 10 if is_gpu else 1
+
+
+def _attach_watch(state: DistributedState, config: MDConfig) -> None:
+    """Lazy checks when they apply (a checked list and an interval above 1); the state is verified now."""
+    interval = check_interval(config, state.is_gpu)
+    state.watch = None
+    if config.rebuild_check and interval > 1:
+        state.watch = RebuildWatch(state.positions, config.skin, interval)
+        state.watch.config = config   # settle() replays with it when called without a config
+        state.watch.build_step = state.step
+        state.watch.verified(state, None)
 
 
 def rebuild(state: DistributedState, config: MDConfig, sort: bool = True, timers=None, carried=None) -> dict:
@@ -196,6 +310,7 @@ def checkpoint_payload(state: DistributedState) -> tuple[dict, dict]:
     same ghosts and neighbour list from the reference positions, then puts back the current positions
     and forces, so it continues bitwise as if never stopped (same rank count).
     """
+    settle(state)
     particles = owned_arrays(state)
     particles["reference_positions"] = to_numpy(state.neighbor_list.reference_positions)
     particles["forces"] = to_numpy(state.forces)
@@ -235,6 +350,7 @@ def restore(domain: ParticleDomain, particles: dict, replicated: dict, config: M
     state.n_builds = int(replicated["n_builds"])
     state.nose_hoover = NoseHooverState(*replicated["nose_hoover"])
     state.energy_step = -1
+    _attach_watch(state, config)
     return state
 
 
@@ -253,6 +369,7 @@ def _forces(state: DistributedState, compute_energy: bool, forces=None) -> None:
 
 def thermo(state: DistributedState, config: MDConfig) -> Thermo:
     """Collective: thermo sample of the current state, with exact global sums (see module docstring)."""
+    settle(state, config)
     if state.energy_step != state.step:
         scratch = array_module(state.forces).empty_like(state.forces)  # keep Langevin-augmented forces intact
         _forces(state, compute_energy=True, forces=scratch)
@@ -297,6 +414,7 @@ def gather_by_id(state: DistributedState, root: int = 0) -> dict | None:
     may have drifted out of the box; ``positions + images * box`` is unchanged), so output and checksums
     see one canonical form.
     """
+    settle(state)
     parts = state.domain.comm.mpi.gather(owned_arrays(state), root=root)
     if parts is None:
         return None

@@ -56,6 +56,9 @@ class MDConfig:
     damping : float -- Langevin relaxation time / Nose-Hoover period (tau)
     seed : int -- Langevin noise seed
     tail_correction : bool -- add LAMMPS-style tail corrections to E_pair and pressure (plain cut only)
+    check_interval : int or None -- distributed driver: at most this many steps between host reads of the
+        device-side displacement watch (results identical to checking every step, :mod:`apps.md.watch`);
+        None = 10 on a GPU, 1 (plain every-step check) on the CPU
     """
 
     potential: LennardJones
@@ -69,10 +72,13 @@ class MDConfig:
     damping: float = 1.0
     seed: int = 12345
     tail_correction: bool = False
+    check_interval: int | None = None
 
     def __post_init__(self):
         if self.thermostat not in THERMOSTATS:
             raise ConfigurationError(f"thermostat: expected one of {THERMOSTATS}, found {self.thermostat!r}")
+        if self.check_interval is not None and not int(self.check_interval) >= 1:
+            raise ConfigurationError(f"check_interval: expected an integer >= 1 or None, found {self.check_interval}")
         if not (self.dt > 0 and self.skin >= 0 and self.rebuild_every >= 1 and self.sort_every >= 0):
             raise ConfigurationError(
                 f"MDConfig: expected dt > 0, skin >= 0, rebuild_every >= 1, sort_every >= 0; found dt={self.dt}, "

@@ -15,7 +15,8 @@ particles of neighbouring sub-boxes (or periodic images of its own) that lie wit
 Messages go to the 26 face/edge/corner neighbours directly, with counts first (Isend/Irecv over MPI).
 A rank that is its own neighbour (one block along a periodic axis) copies locally; with two blocks along
 an axis the same rank is both the lower and the upper neighbour and receives two messages, told apart
-by their tags. CuPy arrays are staged through the host (NCCL point-to-point would be the fast path).
+by their tags. With CuPy arrays ghost lists are built and refreshed on the device, between ranks with
+NCCL (:mod:`~hpcgpu.particles.device_ghosts`); migration stages the leaving rows through the host.
 
 Modules: :mod:`~hpcgpu.particles.domain` (sub-boxes, owners, neighbours and their periodic shifts),
 :mod:`~hpcgpu.particles.messages` (counts-first point-to-point exchange),

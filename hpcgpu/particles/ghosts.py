@@ -21,8 +21,11 @@ error suggesting fewer ranks). Ghosts are ordered by direction, then by the send
 
 ``forward`` is LAMMPS' ``comm->forward_comm``: only positions travel, with the message sizes known from
 the build. Its cost per step is one gather + shift on the sender, one MPI message per direction and one
-contiguous write on the receiver. With CuPy arrays the gather and shift run on the device and the
-packed buffer is staged through the host (one copy each way); NCCL point-to-point would avoid that.
+contiguous write on the receiver. With CuPy arrays everything stays on the device
+(:mod:`hpcgpu.particles.device_ghosts`): the build selects rows with one kernel and a prefix sum; a
+refresh is one gather kernel for periodic images of this rank's own particles plus, between ranks, one
+NCCL group of sends and receives (``HPCGPU_TRANSPORT=mpi-staged``: host-staged MPI instead). Builds
+between ranks still stage the payload through the host (rebuild steps only).
 Ghost arrays are allocated to the exact sizes exchanged at each build, so nothing can overflow.
 """
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpcgpu.errors import DecompositionError
+from hpcgpu.particles import device_ghosts
 from hpcgpu.particles.messages import exchange, exchange_into
 
 _GHOST_TAG = 7100  # + direction index (0..25); carried arrays use _CARRIED_TAG + 32 * array + direction
@@ -73,27 +77,47 @@ class GhostExchange:
         self.dtype = np.dtype(positions.dtype)
         self.is_cupy = _is_cupy(positions)
         xp = self._xp()
+        me = domain.mpi.Get_rank()
         lower, upper = domain.subbox.lower, domain.subbox.upper
-        near_lower = positions < xp.asarray(lower + self.width, dtype=positions.dtype)   # (n_local, 3)
-        near_upper = positions >= xp.asarray(upper - self.width, dtype=positions.dtype)
-        indices, shifts = [], []
-        for neighbor in domain.neighbors:
-            selected = xp.ones(self.n_local, dtype=bool)
-            for axis, d in enumerate(neighbor.offset):
-                if d:
-                    selected &= (near_upper if d > 0 else near_lower)[:, axis]
-            index = xp.nonzero(selected)[0]
-            indices.append(index)
-            shifts.append(neighbor.shift)
-        self.send_counts = [int(index.shape[0]) for index in indices]
-        self.send_index = xp.concatenate(indices) if indices else xp.zeros(0, dtype=xp.int64)
-        self.send_shift = xp.asarray(np.repeat(np.array(shifts).reshape(-1, 3), self.send_counts, axis=0),
-                                     dtype=self.dtype)
+        if self.is_cupy:
+            # One flag kernel + prefix sum on the device: same rows, same order as the host loop below.
+            self.send_index, send_direction, self.send_counts = device_ghosts.select_send_rows(
+                positions, lower, upper, self.width, [n.offset for n in domain.neighbors])
+            shift_table = xp.asarray(np.array([n.shift for n in domain.neighbors]).reshape(-1, 3), dtype=self.dtype)
+            self.send_shift = xp.ascontiguousarray(shift_table[send_direction])
+        else:
+            near_lower = positions < xp.asarray(lower + self.width, dtype=positions.dtype)   # (n_local, 3)
+            near_upper = positions >= xp.asarray(upper - self.width, dtype=positions.dtype)
+            indices, shifts = [], []
+            for neighbor in domain.neighbors:
+                selected = xp.ones(self.n_local, dtype=bool)
+                for axis, d in enumerate(neighbor.offset):
+                    if d:
+                        selected &= (near_upper if d > 0 else near_lower)[:, axis]
+                index = xp.nonzero(selected)[0]
+                indices.append(index)
+                shifts.append(neighbor.shift)
+            self.send_counts = [int(index.shape[0]) for index in indices]
+            self.send_index = xp.concatenate(indices) if indices else xp.zeros(0, dtype=xp.int64)
+            self.send_shift = xp.asarray(np.repeat(np.array(shifts).reshape(-1, 3), self.send_counts, axis=0),
+                                         dtype=self.dtype)
         self.send_offsets = np.concatenate([[0], np.cumsum(self.send_counts)]).astype(np.int64)
         # Direction k is sent to neighbors[k].rank; the matching message arrives from the rank in
         # direction -k (the one for which this rank lies in direction k), with the same tag.
         index_of = {n.offset: k for k, n in enumerate(domain.neighbors)}
         self.sources = [domain.neighbors[index_of[tuple(-d for d in n.offset)]].rank for n in domain.neighbors]
+        self.all_local = all(n.rank == me for n in domain.neighbors)
+        if self.all_local and self.is_cupy:
+            # Every message goes to this rank itself: direction k's ghosts are its send rows (same tag),
+            # so the ghosts are a device gather -- nothing travels through the host.
+            self.receive_counts = list(self.send_counts)
+            self.receive_offsets = self.send_offsets.copy()
+            self.n_ghost = int(self.receive_offsets[-1])
+            self.positions = xp.ascontiguousarray(positions[self.send_index] + self.send_shift)
+            self.carried = {name: xp.ascontiguousarray(values[self.send_index])
+                            for name, values in (carried or {}).items()}
+            self._plan_device_forward()
+            return
         packed = self._pack(positions)
         sends = [(n.rank, _GHOST_TAG + k, packed[self.send_offsets[k]:self.send_offsets[k + 1]])
                  for k, n in enumerate(domain.neighbors)]
@@ -113,6 +137,58 @@ class GhostExchange:
             receives = [(source, _CARRIED_TAG + 32 * number + k) for k, source in enumerate(self.sources)]
             parts = exchange(domain.mpi, sends, receives, host.dtype, host.shape[1:])
             self.carried[name] = xp.ascontiguousarray(xp.asarray(np.concatenate(parts)))
+        if self.is_cupy:
+            self._plan_device_forward()
+
+    def _plan_device_forward(self) -> None:
+        """Index maps of :meth:`forward` on the GPU (see :mod:`hpcgpu.particles.device_ghosts`).
+
+        Ghost rows from this rank itself gather ``positions[source] + shift``; rows from other ranks
+        arrive by NCCL in one receive buffer (``source = -1 - row``). Without NCCL, remote rows keep the
+        host-staged MPI path.
+        """
+        import cupy
+
+        me = self.domain.mpi.Get_rank()
+        self.nccl = None
+        if self.all_local:
+            self.gather_source, self.gather_shift = self.send_index, self.send_shift
+            self.remote_sends, self.remote_receives = [], []
+            self.receive_buffer = cupy.empty((1, 3), dtype=self.dtype)
+            return
+        sources, shifts, remote_sends, remote_receives = [], [], [], []
+        n_received = 0
+        for k, neighbor in enumerate(self.domain.neighbors):
+            start, stop = int(self.receive_offsets[k]), int(self.receive_offsets[k + 1])
+            send_start, send_stop = int(self.send_offsets[k]), int(self.send_offsets[k + 1])
+            if self.sources[k] == me:   # a periodic image of this rank's own particles (same tag k)
+                sources.append(self.send_index[send_start:send_stop])
+                shifts.append(self.send_shift[send_start:send_stop])
+            else:
+                sources.append(cupy.arange(-1 - n_received, -1 - n_received - (stop - start), -1, dtype=cupy.int64))
+                shifts.append(cupy.zeros((stop - start, 3), dtype=self.dtype))
+                remote_receives.append((self.sources[k], n_received, stop - start))
+                n_received += stop - start
+            if neighbor.rank != me:
+                remote_sends.append((neighbor.rank, send_start, send_stop - send_start))
+        self.gather_source = cupy.ascontiguousarray(cupy.concatenate(sources))
+        self.gather_shift = cupy.ascontiguousarray(cupy.concatenate(shifts))
+        # Remote sends are packed into one buffer, in direction order (the order NCCL matches them).
+        send_rows = [cupy.arange(start, start + count, dtype=cupy.int64) for _, start, count in remote_sends]
+        rows = cupy.concatenate(send_rows) if send_rows else cupy.zeros(0, cupy.int64)
+        self.remote_send_index = cupy.ascontiguousarray(self.send_index[rows])
+        self.remote_send_shift = cupy.ascontiguousarray(self.send_shift[rows])
+        self.remote_sends, self.remote_receives = [], remote_receives
+        offset = 0
+        for peer, _, count in remote_sends:
+            self.remote_sends.append((peer, offset, count))
+            offset += count
+        self.send_buffer = cupy.empty((offset, 3), dtype=self.dtype)
+        self.receive_buffer = cupy.empty((max(n_received, 1), 3), dtype=self.dtype)
+        if use_nccl():
+            from hpcgpu.transport.nccl import nccl_communicator
+
+            self.nccl = nccl_communicator(self.domain.comm)   # collective: every rank builds its exchange here
 
     def _xp(self):
         if self.is_cupy:
@@ -138,6 +214,9 @@ class GhostExchange:
                 f"GhostExchange.forward: expected positions of shape ({self.n_local + self.n_ghost}, 3) and dtype "
                 f"{self.dtype}, found {tuple(positions.shape)} {np.dtype(positions.dtype)}; rebuild the exchange "
                 "after migration")
+        if self.is_cupy and (self.all_local or self.nccl is not None):
+            self._forward_device(positions)
+            return
         packed = self._pack(positions[:self.n_local])
         if self.is_cupy:
             target = np.empty((self.n_ghost, 3), dtype=self.dtype)
@@ -150,3 +229,38 @@ class GhostExchange:
         exchange_into(self.domain.mpi, sends, receives)
         if self.is_cupy:
             positions[self.n_local:] = self._xp().asarray(target)
+
+    def _forward_device(self, positions) -> None:
+        """GPU refresh: pack remote rows, one NCCL group, one gather kernel; all on the current stream."""
+        if self.remote_sends or self.remote_receives:
+            import cupy
+            from cupy.cuda import nccl
+
+            device_ghosts.pack_rows(positions, self.remote_send_index, self.remote_send_shift, self.send_buffer)
+            nccl_type = nccl.NCCL_FLOAT32 if self.dtype == np.float32 else nccl.NCCL_FLOAT64
+            stream = cupy.cuda.get_current_stream().ptr
+            row_bytes = 3 * self.dtype.itemsize
+            # Receives, then sends, each in direction order: NCCL matches messages between two ranks in
+            # posting order, and both sides enumerate the same directions in the same order.
+            nccl.groupStart()
+            for peer, start, count in self.remote_receives:
+                if count:
+                    self.nccl.recv(self.receive_buffer.data.ptr + start * row_bytes, 3 * count, nccl_type, peer, stream)
+            for peer, start, count in self.remote_sends:
+                if count:
+                    self.nccl.send(self.send_buffer.data.ptr + start * row_bytes, 3 * count, nccl_type, peer, stream)
+            nccl.groupEnd()
+        device_ghosts.gather_ghosts(positions, self.n_local, self.gather_source, self.gather_shift,
+                                    self.receive_buffer)
+
+
+def use_nccl() -> bool:
+    """True if ghost refreshes of CuPy arrays between ranks go through NCCL (default when CuPy has it).
+
+    ``HPCGPU_TRANSPORT=mpi-staged`` keeps the host-staged MPI path (for debugging or without NCCL).
+    """
+    import os
+
+    from hpcgpu.transport.nccl import nccl_available
+
+    return os.environ.get("HPCGPU_TRANSPORT", "") != "mpi-staged" and nccl_available()
