@@ -12,11 +12,14 @@ Modules
 -------
 ``parameters``          :class:`SphereParameters`, :class:`SphereTile`, :func:`tile_parameters` (grid, metrics)
 ``stage``/``stage_cpu`` :func:`sphere_stage`, the fused SSP-RK3 stage (scheme documented there); Numba kernel
+``stage_gpu``           the same stage as a CuPy RawKernel (fp64 parity with the CPU), and the polar-row combine
 ``polar_filter``        :func:`damping_factors`, :func:`make_filter_plan`, :func:`filter_and_combine`
+``polar_filter_gpu``    the filter on the device (cuFFT, whole circles) or staged through the host (split rows)
 ``timestep``            :func:`stability_rate` (CFL at the cutoff), one-tile :func:`ssp_rk3_step`
 ``initial_conditions``  ``williamson2/5/6``, :func:`make_initial_condition`, :func:`initial_owned_state`
 ``diagnostics``         mass, energy, potential enstrophy; Williamson l1/l2/linf errors
-``model``               :class:`LatLonModel` (the app-level model, same interface as ``SweModel``)
+``model``               :class:`LatLonModel` (the app-level model, same interface as ``SweModel``; CPU or GPU)
+``output``              CF-1.8 netCDF snapshots (lat/lon coordinates) and PNG maps of h and vorticity
 """
 
 from apps.stencil.sphere.diagnostics import DIAGNOSTIC_NAMES, error_norms, local_diagnostics, local_error_sums
@@ -27,13 +30,20 @@ from apps.stencil.sphere.initial_conditions import (
     make_initial_condition,
 )
 from apps.stencil.sphere.parameters import SphereParameters, SphereTile, tile_parameters
-from apps.stencil.sphere.polar_filter import damping_factors, filter_and_combine, make_filter_plan, mpi_row_gather
+from apps.stencil.sphere.polar_filter import (
+    damping_factors,
+    filter_and_combine,
+    filter_circles,
+    local_gather,
+    make_filter_plan,
+    mpi_row_gather,
+)
 from apps.stencil.sphere.stage import SSP_RK3_STAGES, sphere_stage
 from apps.stencil.sphere.timestep import DEFAULT_CFL, ssp_rk3_step, stability_rate
 
 __all__ = [
     "DEFAULT_CFL", "DIAGNOSTIC_NAMES", "INITIAL_CONDITIONS", "SSP_RK3_STAGES", "InitialCondition",
-    "SphereParameters", "SphereTile", "damping_factors", "error_norms", "filter_and_combine",
-    "initial_owned_state", "local_diagnostics", "local_error_sums", "make_filter_plan",
+    "SphereParameters", "SphereTile", "damping_factors", "error_norms", "filter_and_combine", "filter_circles",
+    "initial_owned_state", "local_diagnostics", "local_error_sums", "local_gather", "make_filter_plan",
     "make_initial_condition", "mpi_row_gather", "sphere_stage", "ssp_rk3_step", "stability_rate", "tile_parameters",
 ]  # fmt: skip

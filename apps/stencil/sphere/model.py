@@ -8,6 +8,11 @@ Each of the three SSP-RK3 stages of a step::
     update the rim
     polar filter: allgather the polar rows' increments in the row communicator, FFT, combine
 
+On a GPU (``--backend cupy``) the stages run as CUDA kernels (:mod:`apps.stencil.sphere.stage_gpu`)
+on the compute stream while the halos travel (NCCL or host-staged MPI); the polar filter stays on
+the device when each rank holds whole latitude circles (``--dims N,1``, the default for GPUs) and
+is staged through the host otherwise (:mod:`apps.stencil.sphere.polar_filter_gpu`).
+
 The time step is fixed for the run: ``dt`` (checked against the limit) or ``cfl`` times the limit
 of the initial state with the zonal spacing of the filter cutoff latitude.
 """
@@ -51,15 +56,17 @@ class LatLonModel(CheckpointedModel):
 
     def __init__(self, comm, arch, options):
         self.comm, self.arch = comm, arch
-        if arch.is_gpu:
-            raise ConfigurationError("the latlon model has no GPU kernels yet; run it with --backend numpy")
         self.dtype = "float32" if _option(options, "precision") == "fp32" else "float64"
         nx, ny = int(_option(options, "nx")), int(_option(options, "ny"))
         self.init_name = _option(options, "init")
         alpha = float(_option(options, "alpha")) if self.init_name == "williamson2" else 0.0
         self.parameters = SphereParameters(nx=nx, ny=ny, alpha=alpha,
                                            filter_latitude=math.radians(float(_option(options, "filter_latitude"))))
-        self.grid = hpcgpu.Decomposition(comm, (ny, nx), dims=_option(options, "dims"), periodic=(False, True))
+        dims = _option(options, "dims")
+        if dims is None and arch.is_gpu:
+            # Latitude bands keep whole circles on each GPU, so the polar filter never leaves the device.
+            dims = (0, 1)
+        self.grid = hpcgpu.Decomposition(comm, (ny, nx), dims=dims, periodic=(False, True))
         width = 1
         for axis, label in enumerate(("latitude", "longitude")):
             if self.grid.min_extent(axis) < width:
@@ -68,11 +75,12 @@ class LatLonModel(CheckpointedModel):
         make = lambda name: hpcgpu.Field(self.grid, arch, halo_width=width, dtype=self.dtype, name=name)  # noqa: E731
         self.state = [make("h"), make("u"), make("v")]
         self.work = [[make("h"), make("u"), make("v")] for _ in range(2)]
-        self.increment = [np.zeros(f.data.shape, dtype=self.dtype) for f in self.state]
+        self.increment = [arch.zeros(f.data.shape, dtype=self.dtype) for f in self.state]
         start, shape = self.grid.local_start, self.grid.local_shape
         self.tile = tile_parameters(self.parameters, start[0], shape[0], start[1], shape[1], width,
-                                    self.initial.topography, xp=np, dtype=np.dtype(self.dtype))
+                                    self.initial.topography, xp=arch.xp, dtype=np.dtype(self.dtype))
         self.plan = make_filter_plan(self.parameters, start[0], shape[0], start[1], shape[1], width)
+        self.filtered_rows = self.plan.filtered_rows_like(self.state[0].data)
         # Ranks of one latitude band, ordered by longitude: the polar filter's whole circles.
         self.row_comm = comm.mpi.Split(color=self.grid.coords[0], key=self.grid.coords[1])
         self.gather = mpi_row_gather(self.row_comm)
@@ -80,7 +88,7 @@ class LatLonModel(CheckpointedModel):
         h, u, v = initial_owned_state(self.initial, self.parameters, start, shape)
         self.exact_h = h.copy()
         for field, values in zip(self.state, (h, u, v)):
-            field.interior[...] = values.astype(self.dtype)
+            field.interior[...] = arch.from_host(values.astype(self.dtype))
         self.exchange(self.state)
         self.dt = self._choose_dt(options)
         days = _option(options, "days")
@@ -90,6 +98,8 @@ class LatLonModel(CheckpointedModel):
         self.updates_per_step = nx * ny
         self.initial_diagnostics = self._diagnostics_now()
         self.history = [self._history_entry(self.initial_diagnostics)]
+        self.snapshot_every = getattr(options, "snapshot_every", None)
+        self.snapshots = None
 
     def _choose_dt(self, options) -> float:
         h, u, v = (f.data for f in self.state)
@@ -127,7 +137,7 @@ class LatLonModel(CheckpointedModel):
     def step(self, timers) -> None:
         inputs = (self.state, self.work[0], self.work[1])
         outputs = (self.work[0], self.work[1], self.state)
-        filtered = self.plan.filtered_rows
+        filtered = self.filtered_rows
         for (a, b), source, target in zip(SSP_RK3_STAGES, inputs, outputs):
             base, stage, out = ([f.data for f in fs] for fs in (self.state, source, target))
             pending = hpcgpu.exchange_halos(source, wait=False)
@@ -145,7 +155,7 @@ class LatLonModel(CheckpointedModel):
         self.step_index += 1
 
     def capturable(self, n_steps: int = 1) -> bool:
-        return False  # the polar filter gathers on the host every stage
+        return False  # the polar filter builds cuFFT plans / gathers on the host every stage
 
     def progress_note(self) -> str:
         return f"day {self.time / SECONDS_PER_DAY:.2f}"
@@ -160,13 +170,35 @@ class LatLonModel(CheckpointedModel):
         return {"days": self.time / SECONDS_PER_DAY, **values}
 
     def after_step(self, timers, output, total_steps) -> None:
-        """Record the energy / enstrophy history (about 50 entries per run)."""
+        """Record the energy / enstrophy history (about 50 entries per run) and write snapshots.
+
+        Snapshots (``OUTPUT/latlon.nc``, :mod:`apps.stencil.sphere.output`) every ``snapshot_every``
+        steps, the initial state first; ``None`` means about 50 per run, 0 none, and no ``output``
+        directory none either. Collective.
+        """
         every = max(1, total_steps // 50)
-        if self.step_index == 0:
-            return  # the initial entry is recorded at construction
-        if self.step_index % every == 0 or self.step_index == total_steps:
+        if self.step_index != 0 and (self.step_index % every == 0 or self.step_index == total_steps):
+            # (the initial entry is recorded at construction)
             with timers.phase("io"):
                 self.history.append(self._history_entry(self._diagnostics_now()))
+        self._write_snapshot(timers, output, total_steps)
+
+    def _write_snapshot(self, timers, output, total_steps) -> None:
+        if output is None:
+            return
+        every = self.snapshot_every
+        if every is None:
+            every = self.snapshot_every = max(1, total_steps // 50)
+        if not every or (self.step_index % every and self.step_index != total_steps):
+            return
+        from pathlib import Path
+
+        from apps.stencil.sphere.output import SNAPSHOT_NAME, Snapshots
+
+        with timers.phase("io"):
+            if self.snapshots is None:
+                self.snapshots = Snapshots(self, Path(output) / SNAPSHOT_NAME)
+            self.snapshots.write(self)
 
     def height_errors(self) -> dict:
         """Williamson l1, l2, linf of h against the initial h (the exact solution of case 2). Collective."""
@@ -189,13 +221,23 @@ class LatLonModel(CheckpointedModel):
         return result
 
     def finish(self, output, summary, plot: bool = True) -> None:
-        """Rank 0 writes the energy / potential-enstrophy history to ``latlon_history.json``."""
-        if self.comm.rank == 0 and output is not None:
+        """Collective: close the snapshots; rank 0 writes the energy / potential-enstrophy history to
+        ``latlon_history.json`` and (``plot``) maps of the final h and vorticity to ``latlon_final.png``."""
+        if self.snapshots is not None:
+            self.snapshots.close()
+        if output is None:
+            return
+        from pathlib import Path
+
+        if self.comm.rank == 0:
             import json
-            from pathlib import Path
 
             path = Path(output) / "latlon_history.json"
             path.write_text(json.dumps({"init": self.init_name, "dt_seconds": self.dt, "history": self.history}, indent=1))
+        if plot:
+            from apps.stencil.sphere.output import PLOT_NAME, plot_state
+
+            plot_state(self, Path(output) / PLOT_NAME)
 
     # ------------------------------------------------------------------ checkpoint / restart
     def _extra_state(self) -> dict:

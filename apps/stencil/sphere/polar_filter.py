@@ -21,6 +21,10 @@ allgathers its pieces of the polar rows' increments in longitude order, so *ever
 holds the full circle, filters it (one NumPy FFT per row and field, the same call on the same
 numbers whatever the decomposition), and keeps its own columns. The result is bitwise independent
 of how longitude is split.
+
+On a GPU (CuPy fields) the same filter runs in :mod:`apps.stencil.sphere.polar_filter_gpu`: on the
+device with ``cupy.fft`` when the rank holds whole circles (row communicator of size 1), else staged
+through the host and this module's NumPy filter (see there).
 """
 
 from __future__ import annotations
@@ -69,6 +73,16 @@ class FilterPlan:
     halo_width: int
     column_start: int
     n_columns: int
+    device_tables: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    """Cache of the plan's device arrays (filled by :mod:`apps.stencil.sphere.polar_filter_gpu`)."""
+
+    def filtered_rows_like(self, array: Any) -> Any:
+        """``filtered_rows`` in the array library of ``array`` (a CuPy copy is built once and cached)."""
+        if type(array).__module__.startswith("cupy"):
+            from apps.stencil.sphere.polar_filter_gpu import device_tables
+
+            return device_tables(self).filtered_rows
+        return self.filtered_rows
 
 
 def make_filter_plan(parameters: SphereParameters, row_start: int, n_rows: int, column_start: int,
@@ -129,25 +143,57 @@ def filter_and_combine(
     gather : callable
         ``gather(block) -> circle``: block shape (n_filtered_rows, 3, n_columns) of this rank's owned
         columns, returned as (n_filtered_rows, 3, nx) in longitude order (:func:`mpi_row_gather`).
+
+    Notes
+    -----
+    CuPy fields go to :func:`apps.stencil.sphere.polar_filter_gpu.filter_and_combine_gpu`: on the
+    device when ``gather`` is :func:`local_gather` (whole circles on this rank), else through the host.
     """
     if not plan.rows:
         return
+    if type(out[0]).__module__.startswith("cupy"):
+        from apps.stencil.sphere.polar_filter_gpu import filter_and_combine_gpu
+
+        filter_and_combine_gpu(out, base, stage, increment, a, b, plan, gather)
+        return
     w, n = plan.halo_width, plan.n_columns
     owned = slice(w, w + n)
-    rows = list(plan.rows)
-    block = np.stack([np.stack([inc[j, owned] for inc in increment]) for j in rows])
-    circle = gather(block)
+    block = np.stack([np.stack([inc[j, owned] for inc in increment]) for j in plan.rows])
+    filtered = filter_circles(gather(block), plan, out[0].dtype)
     dtype = out[0].dtype.type
     real_a, real_b = dtype(a), dtype(b)
-    start = plan.column_start
-    for row_index, (j, factors) in enumerate(zip(rows, plan.factors)):
+    for row_index, j in enumerate(plan.rows):
+        for field in range(3):
+            mine = filtered[row_index, field]
+            out[field][j, owned] = real_a * base[field][j, owned] + real_b * (stage[field][j, owned] + mine)
+
+
+def filter_circles(circle: np.ndarray, plan: FilterPlan, dtype: Any) -> np.ndarray:
+    """Filter whole latitude circles and keep this tile's columns (NumPy; the CPU path and GPU staging).
+
+    Parameters
+    ----------
+    circle : array, shape (n_filtered_rows, 3, nx)
+        Raw increments of (h, u, v) on the plan's rows, whole circles in longitude order.
+    plan : FilterPlan
+    dtype : the field dtype of the result
+
+    Returns
+    -------
+    array, shape (n_filtered_rows, 3, n_columns), dtype ``dtype``
+        The filtered increments of the tile's owned columns (unfiltered fields copied through).
+    """
+    dtype = np.dtype(dtype)
+    start, n = plan.column_start, plan.n_columns
+    result = np.empty((len(plan.rows), 3, n), dtype=dtype)
+    for row_index, factors in enumerate(plan.factors):
         for field, s in enumerate(factors):
             values = circle[row_index, field]
             if s is not None:
                 # One FFT per row and field: the same call on the same full circle on every decomposition.
                 values = np.fft.irfft(np.fft.rfft(values) * s, n=values.size).astype(dtype, copy=False)
-            mine = values[start:start + n]
-            out[field][j, owned] = real_a * base[field][j, owned] + real_b * (stage[field][j, owned] + mine)
+            result[row_index, field] = values[start:start + n]
+    return result
 
 
-__all__ = ["FilterPlan", "damping_factors", "filter_and_combine", "local_gather", "make_filter_plan", "mpi_row_gather"]
+__all__ = ["FilterPlan", "damping_factors", "filter_and_combine", "filter_circles", "local_gather", "make_filter_plan", "mpi_row_gather"]

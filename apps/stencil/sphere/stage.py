@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
+
 from apps.stencil.sphere.parameters import SphereTile
 from apps.stencil.swe._arrays import is_cupy as _is_cupy
 
@@ -53,20 +55,25 @@ def _validate(out, base, stage, increment, params: SphereTile, filtered_rows, re
     shape = stage[0].shape
     if len(shape) != 2:
         raise ValueError(f"Fields must be 2D padded arrays (lat, lon); found shape {shape}.")
-    if _is_cupy(stage[0]):
-        raise ValueError("sphere_stage has no GPU kernel yet; run the latlon model with --backend numpy.")
+    on_gpu = _is_cupy(stage[0])
+    library = "cupy" if on_gpu else "numpy"
     for array in (*out, *base, *stage, *increment, params.coriolis, params.topography):
-        if array.shape != shape or array.dtype != params.dtype or not array.flags.c_contiguous:
+        if (array.shape != shape or array.dtype != params.dtype or not array.flags.c_contiguous
+                or _is_cupy(array) != on_gpu):
             raise ValueError(
-                f"All fields, increments and params.coriolis/topography must be C-contiguous, shape {shape}, "
-                f"dtype {params.dtype}; found shape {array.shape}, dtype {array.dtype}. Pass Field.data and build "
-                f"the tile parameters for this tile and dtype."
+                f"All fields, increments and params.coriolis/topography must be C-contiguous {library} arrays of "
+                f"shape {shape}, dtype {params.dtype}; found shape {array.shape}, dtype {array.dtype}, "
+                f"{type(array).__module__}. Pass Field.data and build the tile parameters for this tile, dtype and xp."
             )
     for name in ROW_ARRAYS:
-        if getattr(params, name).shape != (shape[0],):
-            raise ValueError(f"params.{name} must have one entry per padded row ({shape[0]},); build it for this tile.")
-    if filtered_rows.shape != (shape[0],):
-        raise ValueError(f"filtered_rows must have shape ({shape[0]},) (one flag per padded row); found {filtered_rows.shape}.")
+        row_array = getattr(params, name)
+        if row_array.shape != (shape[0],) or _is_cupy(row_array) != on_gpu:
+            raise ValueError(f"params.{name} must be a {library} array with one entry per padded row ({shape[0]},); "
+                             f"found shape {row_array.shape} ({type(row_array).__module__}). Build it for this tile "
+                             f"with tile_parameters(..., xp=<the fields' xp>).")
+    if filtered_rows.shape != (shape[0],) or _is_cupy(filtered_rows) != on_gpu or filtered_rows.dtype != np.int8:
+        raise ValueError(f"filtered_rows must be an int8 {library} array of shape ({shape[0]},) (one flag per padded "
+                         f"row); found {filtered_rows.dtype} {filtered_rows.shape} ({type(filtered_rows).__module__}).")
     stage_addresses = {_address(a) for a in stage}
     if any(_address(a) in stage_addresses for a in (*out, *increment)):
         raise ValueError("out and increment must not share memory with stage (the stencil reads stage's neighbours).")
@@ -99,7 +106,8 @@ def sphere_stage(
     Parameters
     ----------
     out, base, stage, increment : sequence of 3 arrays (h, u, v), each shape (n_rows + 2w, n_cols + 2w)
-        Padded NumPy fields (h in m, u and v in m/s), C-contiguous, one dtype. ``stage`` needs valid
+        Padded NumPy or CuPy fields (h in m, u and v in m/s), C-contiguous, one dtype and library
+        (CuPy: the CUDA kernel of :mod:`apps.stencil.sphere.stage_gpu` on the current stream, no sync). ``stage`` needs valid
         ghosts (one cell) around ``region``. ``out`` may be ``base``; neither ``out`` nor
         ``increment`` may share memory with ``stage``.
     a, b : float
@@ -109,7 +117,8 @@ def sphere_stage(
     params : SphereTile
         From :func:`apps.stencil.sphere.parameters.tile_parameters`.
     filtered_rows : int8 array, shape (n_rows + 2w,)
-        Non-zero on the padded rows the polar filter finishes (see the module docstring).
+        Non-zero on the padded rows the polar filter finishes (see the module docstring); on the
+        fields' device (``FilterPlan.filtered_rows`` on the CPU, ``device_rows(plan, xp)`` on a GPU).
     region : (j0, j1, i0, i1)
         Padded-index bounds of the updated cells.
     """
@@ -118,13 +127,19 @@ def sphere_stage(
     if j0 == j1 or i0 == i1:
         return
     real = params.dtype.type
-    from apps.stencil.sphere.stage_cpu import stage_cpu
-
-    stage_cpu(
+    args = (
         *out, *base, *stage, *increment, *(getattr(params, name) for name in ROW_ARRAYS), filtered_rows,
         params.coriolis, params.topography, real(a), real(b), real(dt), real(params.gravity), real(params.rdy),
         real(0.5), real(0.25), j0, j1, i0, i1,
     )  # fmt: skip
+    if _is_cupy(stage[0]):
+        from apps.stencil.sphere.stage_gpu import stage_gpu
+
+        stage_gpu(*args)
+    else:
+        from apps.stencil.sphere.stage_cpu import stage_cpu
+
+        stage_cpu(*args)
 
 
 __all__ = ["ROW_ARRAYS", "SSP_RK3_STAGES", "sphere_stage"]

@@ -26,10 +26,12 @@ def stability_rate(h: Any, u: Any, v: Any, params: SphereTile, cutoff_latitude: 
     """Local rate in 1/s over the owned cells; stable for ``dt * rate <= 1``. Raises on NaN / h <= 0."""
     w = params.halo_width
     owned = (slice(w, w + params.n_rows), slice(w, w + params.n_columns))
+    # Called once per run: CuPy fields are simply copied to the host.
+    h, u, v, cos_center = (a.get() if type(a).__module__.startswith("cupy") else a for a in (h, u, v, params.cos_center))
     depth = np.asarray(h[owned], dtype=np.float64)
     if not (np.isfinite(depth).all() and depth.min() > 0):
         raise NumericalError(f"the latlon state is invalid (minimum depth {depth.min()} m or NaN); reduce dt / --cfl")
-    cos = np.maximum(np.asarray(params.cos_center, dtype=np.float64)[owned[0]], math.cos(cutoff_latitude))[:, None]
+    cos = np.maximum(np.asarray(cos_center, dtype=np.float64)[owned[0]], math.cos(cutoff_latitude))[:, None]
     dx = params.radius * cos * params.dlon
     dy = params.radius * params.dlat
     rate = (np.abs(u[owned]) / dx + np.abs(v[owned]) / dy
@@ -55,5 +57,5 @@ def ssp_rk3_step(
     outputs = (work_1, work_2, state)
     for (a, b), source, target in zip(SSP_RK3_STAGES, inputs, outputs):
         fill_ghosts_fn(source)
-        sphere_stage(target, state, source, increment, a, b, dt, params, plan.filtered_rows, region)
+        sphere_stage(target, state, source, increment, a, b, dt, params, plan.filtered_rows_like(source[0]), region)
         filter_and_combine(target, state, source, increment, a, b, plan, gather)

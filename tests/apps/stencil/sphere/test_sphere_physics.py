@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from sphere_reference import global_state, padded_from_global, run_tiled
 
+from apps.stencil.sphere.parameters import EARTH_GRAVITY
 from apps.stencil.sphere import SphereParameters, error_norms, local_diagnostics, local_error_sums, stability_rate, tile_parameters
 
 FORMAL_ORDER = 2.0
@@ -54,14 +55,17 @@ def test_energy_is_nearly_conserved_and_the_drift_is_temporal():
     assert drifts[1] < drifts[0] / 3.5
 
 
-def test_rossby_haurwitz_wave_drifts_east_near_the_haurwitz_speed():
-    """Case 6 at 64x32 for 5 days: the wavenumber-4 pattern of h at 45N moves east at 0.94 of the
-    nondivergent Haurwitz speed (measured 0.944; 0.929 at 128x64). The shallow-water wave is slower
-    than the nondivergent formula, so this checks the drift loosely (within 10%), not the 5% goal."""
-    p = SphereParameters(nx=64, ny=32)
+def rossby_haurwitz_drift_ratio(n=32, gravity_factor=1.0, days=5.0, n_steps=None):
+    """Case 6 at 2n x n: the eastward shift of the wavenumber-4 pattern of h at 45N after ``days``,
+    divided by the shift at Haurwitz's nondivergent speed. ``gravity_factor`` multiplies g with the
+    geopotential of the initial state unchanged (gH grows, the flow tends to the nondivergent one)."""
+    p = SphereParameters(nx=2 * n, ny=n, gravity=EARTH_GRAVITY * gravity_factor)
     state, initial = global_state(p, "williamson6")
-    seconds = 5 * 86400.0
-    n_steps = 720
+    seconds = days * 86400.0
+    if n_steps is None:
+        tile = tile_parameters(p, 0, p.ny, 0, p.nx)
+        rate = stability_rate(*padded_from_global(state, (0, p.ny), (0, p.nx), p), tile, p.filter_latitude)
+        n_steps = math.ceil(seconds * rate / 0.8)
     final = run_tiled(state, p, [0, p.ny], [0, p.nx], seconds / n_steps, n_steps)
     row = int(np.argmin(np.abs(p.center_latitudes(np.arange(p.ny)) - math.radians(45.0))))
     before, after = np.fft.rfft(state[0][row])[4], np.fft.rfft(final[0][row])[4]
@@ -69,21 +73,33 @@ def test_rossby_haurwitz_wave_drifts_east_near_the_haurwitz_speed():
     # The phase of wavenumber 4 is known modulo 2 pi / 4: pick the shift nearest the expected one.
     shift = -np.angle(after / before) / 4
     shift += round((expected_shift - shift) / (math.pi / 2)) * (math.pi / 2)
-    assert abs(shift / expected_shift - 1) < 0.10, shift / expected_shift
+    return shift / expected_shift
+
+
+def test_rossby_haurwitz_wave_drifts_east_near_the_haurwitz_speed():
+    """Case 6 at 64x32 for 5 days: the wavenumber-4 pattern of h at 45N moves east at 0.94 of the
+    nondivergent Haurwitz speed (measured 0.944; 0.929 at 128x64). The shallow-water wave is slower
+    than the nondivergent formula, so this checks the drift loosely (within 10%), not the 5% goal."""
+    ratio = rossby_haurwitz_drift_ratio(32, n_steps=720)
+    assert abs(ratio - 1) < 0.10, ratio
+
+
+def test_rossby_haurwitz_drift_tends_to_haurwitz_in_the_nondivergent_limit():
+    """Haurwitz's speed is exact for nondivergent flow. Raising g with the same initial geopotential
+    (gH -> infinity) makes the shallow-water flow nondivergent, and the measured drift must approach
+    the formula: measured 0.9445 (g), 0.9585 (4 g), 0.9708 (16 g) at 64x32 (0.9297, 0.9602, 0.9844 at
+    128x64). Within 5% at 16 g, and monotone in g: the ~7% deficit at Earth's g is the divergence of the
+    shallow-water wave, not a wrong term in the scheme (which would not vanish in this limit)."""
+    ratios = [rossby_haurwitz_drift_ratio(32, factor) for factor in (1.0, 4.0, 16.0)]
+    assert ratios[0] < ratios[1] < ratios[2], ratios
+    assert abs(ratios[2] - 1) <= 0.05, ratios
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "issue 9 asks for the case-6 drift within 5% of the nondivergent Haurwitz speed; the scheme converges to "
-    "about 0.92 of it (0.9445, 0.9297, 0.9249 at 64x32, 128x64, 256x128; differences shrink ~3x per "
-    "refinement), so either the shallow-water wave is ~8% slower than the formula or a term is off: open"))
+    "issue 9 asks for the case-6 drift within 5% of the 'analytic' (nondivergent Haurwitz) speed; at Earth's g "
+    "the scheme converges to about 0.92 of it (0.9445, 0.9297, 0.9249 at 64x32, 128x64, 256x128). The test "
+    "above shows the deficit vanishes as gH -> infinity, i.e. it is the shallow-water wave's divergence; no "
+    "closed-form shallow-water drift was found to compare against (docs/sphere.md)"))
 def test_rossby_haurwitz_drift_within_5_percent_of_haurwitz():
-    p = SphereParameters(nx=64, ny=32)
-    state, initial = global_state(p, "williamson6")
-    seconds, n_steps = 5 * 86400.0, 720
-    final = run_tiled(state, p, [0, p.ny], [0, p.nx], seconds / n_steps, n_steps)
-    row = int(np.argmin(np.abs(p.center_latitudes(np.arange(p.ny)) - math.radians(45.0))))
-    before, after = np.fft.rfft(state[0][row])[4], np.fft.rfft(final[0][row])[4]
-    expected_shift = initial.rossby_haurwitz_speed * seconds
-    shift = -np.angle(after / before) / 4
-    shift += round((expected_shift - shift) / (math.pi / 2)) * (math.pi / 2)
-    assert abs(shift / expected_shift - 1) <= 0.05, shift / expected_shift
+    ratio = rossby_haurwitz_drift_ratio(32, n_steps=720)
+    assert abs(ratio - 1) <= 0.05, ratio
