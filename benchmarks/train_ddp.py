@@ -148,6 +148,7 @@ def run_torch(comm, arch, options, precision):
         raise RuntimeError("the PyTorch DDP part needs GPUs (NCCL); run with --backend cupy")
     torch_group(comm, arch.device_id)
     device = torch.device("cuda", arch.device_id)
+    allow_tf32_default = torch.backends.cuda.matmul.allow_tf32   # False since PyTorch 1.12
     torch.backends.cuda.matmul.allow_tf32 = False    # the CuPy side uses plain fp32 GEMMs too
     torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
@@ -196,7 +197,7 @@ def run_torch(comm, arch, options, precision):
     timed(True, options.warmup)
     seconds, loss = timed(True, options.steps)
     result = {"step_ms": 1e3 * seconds, "samples_per_second": batch * comm.size / seconds,
-              "n_params": n_params, "final_loss": loss}
+              "n_params": n_params, "final_loss": loss, "allow_tf32_default": allow_tf32_default}
     if comm.size > 1:
         local_seconds, _ = timed(False, options.steps)
         grads = torch.zeros(n_params, device=device, dtype=torch.float32)   # DDP reduces fp32 gradients
@@ -324,6 +325,9 @@ def print_table(results):
               f"{number('allreduce_alone_ms', '11.2f')} {number('exposed_ms', '10.2f')} "
               f"{'-' if hidden is None else format(100 * hidden, '6.0f') + '%'}  {note}")
     by_key = {(r["framework"], r["precision"]): r for r in results if not r.get("error")}
+    tf32 = {r["allow_tf32_default"] for r in results if "allow_tf32_default" in r}
+    if tf32:
+        print(f"PyTorch torch.backends.cuda.matmul.allow_tf32 default: {sorted(tf32)} (run with False: plain fp32 GEMMs, as CuPy)")
     for precision in sorted({r["precision"] for r in results}):
         ours, theirs = by_key.get(("hpcgpu", precision)), by_key.get(("torch", precision))
         if ours and theirs:

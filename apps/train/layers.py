@@ -21,13 +21,38 @@ Batch is always the leading axis. float16 inputs are supported; reductions whose
 accuracy matters (LayerNorm statistics) run in float32.
 """
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
-from ._backend import array_module
+from ._backend import array_module, is_cupy
+from .gelu_kernels import gelu_backward, gelu_forward
+from .gemm import gemm
+from .layernorm_kernels import layer_norm_backward, layer_norm_forward
 from .params import ParamSpec
 from .random_mask import keep_mask
+
+_GEMM_DTYPES = (np.float16, np.float32, np.float64)
+
+
+def _gemm_ready(x, weight):
+    """True when the Linear products can go through :func:`apps.train.gemm.gemm`."""
+    return x.dtype == weight.dtype and x.dtype in _GEMM_DTYPES and x.ndim >= 1
+
+
+@functools.lru_cache(maxsize=8)
+def _ones_row_cached(n, dtype_name, device_id):
+    import cupy
+
+    return cupy.ones((1, n), dtype=dtype_name)
+
+
+def _ones_row(n, dtype):
+    """A cached CuPy ``ones((1, n))`` (the bias-gradient GEMV operand)."""
+    import cupy
+
+    return _ones_row_cached(int(n), np.dtype(dtype).name, cupy.cuda.Device().id)
 
 
 @dataclass
@@ -139,18 +164,46 @@ class Linear(Layer):
                 f"found shape {tuple(x.shape)}"
             )
         self._saved_input = x
-        y = x @ self.params["weight"].T
+        weight = self.params["weight"]
+        if not _gemm_ready(x, weight):
+            y = x @ weight.T
+        else:
+            x_2d = x.reshape(-1, self.in_features)
+            y = array_module(x).empty((x_2d.shape[0], self.out_features), dtype=x.dtype)
+            gemm(x_2d, weight, y, transpose_b=True)
+            y = y.reshape(tuple(x.shape[:-1]) + (self.out_features,))
         if self.use_bias:
             y += self.params["bias"]
         return y
 
-    def backward(self, grad_out):
+    def backward(self, grad_out, need_input_grad=True):
+        """See :class:`Layer`; ``need_input_grad=False`` skips (and returns None for)
+        the input gradient -- the model's first layer, whose input is the data."""
         x = self._saved_input
+        weight = self.params["weight"]
         grad_2d = grad_out.reshape(-1, self.out_features)
-        self.grads["weight"] += grad_2d.T @ x.reshape(-1, self.in_features)
+        x_2d = x.reshape(-1, self.in_features)
+        fast = _gemm_ready(x, weight) and grad_out.dtype == x.dtype
+        if fast:
+            # one GEMM with beta = 1 straight into the flat gradient buffer's view
+            gemm(grad_2d, x_2d, self.grads["weight"], transpose_a=True, accumulate=True)
+        else:
+            self.grads["weight"] += grad_2d.T @ x_2d
         if self.use_bias:
-            self.grads["bias"] += grad_2d.sum(axis=0)
-        return (grad_2d @ self.params["weight"]).reshape(x.shape)
+            if fast and is_cupy(grad_2d):
+                # column sums as ones(1, batch) @ grad: a coalesced GEMV, accumulated in place
+                # (a CuPy sum over axis 0 reads the batch with a stride of out_features)
+                gemm(_ones_row(grad_2d.shape[0], grad_2d.dtype), grad_2d,
+                     self.grads["bias"].reshape(1, self.out_features), accumulate=True)
+            else:
+                self.grads["bias"] += grad_2d.sum(axis=0)
+        if not need_input_grad:
+            return None
+        if not fast:
+            return (grad_2d @ weight).reshape(x.shape)
+        grad_input = array_module(x).empty((grad_2d.shape[0], self.in_features), dtype=x.dtype)
+        gemm(grad_2d, weight, grad_input)
+        return grad_input.reshape(x.shape)
 
     def __repr__(self):
         return f"Linear({self.in_features}, {self.out_features})"
@@ -169,10 +222,6 @@ class ReLU(Layer):
         return xp.where(self._saved_positive, grad_out, xp.zeros((), dtype=grad_out.dtype))
 
 
-_SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
-_GELU_CUBIC = 0.044715
-
-
 class GELU(Layer):
     """Gaussian error linear unit, tanh approximation (Hendrycks & Gimpel 2016)::
 
@@ -183,18 +232,11 @@ class GELU(Layer):
     """
 
     def forward(self, x, ctx):
-        xp = array_module(x)
         self._saved_input = x
-        inner = _SQRT_2_OVER_PI * (x + _GELU_CUBIC * x * x * x)
-        return (0.5 * x * (1.0 + xp.tanh(inner))).astype(x.dtype, copy=False)
+        return gelu_forward(x)
 
     def backward(self, grad_out):
-        xp = array_module(grad_out)
-        x = self._saved_input
-        tanh_inner = xp.tanh(_SQRT_2_OVER_PI * (x + _GELU_CUBIC * x * x * x))
-        d_inner = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_CUBIC * x * x)
-        derivative = 0.5 * (1.0 + tanh_inner) + 0.5 * x * (1.0 - tanh_inner * tanh_inner) * d_inner
-        return (grad_out * derivative).astype(grad_out.dtype, copy=False)
+        return gelu_backward(self._saved_input, grad_out)
 
 
 class LayerNorm(Layer):
@@ -220,34 +262,17 @@ class LayerNorm(Layer):
                 f"{self.name}: expected input with last axis {self.normalized_size}, "
                 f"found shape {tuple(x.shape)}"
             )
-        xp = array_module(x)
-        work = x.astype(xp.float32) if x.dtype == xp.float16 else x
-        mean = work.mean(axis=-1, keepdims=True)
-        centred = work - mean
-        variance = (centred * centred).mean(axis=-1, keepdims=True)
-        inverse_std = 1.0 / xp.sqrt(variance + self.eps)
-        normalised = centred * inverse_std
-        self._saved_normalised = normalised
+        y, mean, inverse_std = layer_norm_forward(x, self.params["weight"], self.params["bias"],
+                                                  self.eps)
+        self._saved_input = x
+        self._saved_mean = mean
         self._saved_inverse_std = inverse_std
-        weight = self.params["weight"].astype(work.dtype, copy=False)
-        bias = self.params["bias"].astype(work.dtype, copy=False)
-        return (normalised * weight + bias).astype(x.dtype, copy=False)
+        return y
 
     def backward(self, grad_out):
-        normalised = self._saved_normalised
-        work_grad = grad_out.astype(normalised.dtype, copy=False)
-        reduce_axes = tuple(range(grad_out.ndim - 1))
-        self.grads["weight"] += (work_grad * normalised).sum(axis=reduce_axes).astype(
-            self.grads["weight"].dtype, copy=False)
-        self.grads["bias"] += work_grad.sum(axis=reduce_axes).astype(
-            self.grads["bias"].dtype, copy=False)
-        grad_normalised = work_grad * self.params["weight"].astype(normalised.dtype, copy=False)
-        grad_input = self._saved_inverse_std * (
-            grad_normalised
-            - grad_normalised.mean(axis=-1, keepdims=True)
-            - normalised * (grad_normalised * normalised).mean(axis=-1, keepdims=True)
-        )
-        return grad_input.astype(grad_out.dtype, copy=False)
+        return layer_norm_backward(grad_out, self._saved_input, self._saved_mean,
+                                   self._saved_inverse_std, self.params["weight"],
+                                   self.grads["weight"], self.grads["bias"])
 
 
 class Dropout(Layer):

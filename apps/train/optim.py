@@ -24,6 +24,7 @@ import math
 
 import numpy as np
 
+from .buffer_kernels import sum_of_squares
 from .optim_kernels import adamw_update, sgd_update
 
 
@@ -144,14 +145,14 @@ class WarmupCosineSchedule:
 def grad_sum_of_squares(grads):
     """Local sum of squares of a flat gradient buffer (or shard), as a Python float.
 
-    Accumulated in the buffer dtype (float16 is upcast to float32 first); reading
-    the result synchronises a GPU. Sum it over ranks before :func:`clip_factor`.
+    See :func:`apps.train.buffer_kernels.sum_of_squares` (CPU: accumulated in the
+    buffer dtype, float16 upcast to float32; GPU: a bandwidth-bound two-stage
+    reduction in float64). Reading the result synchronises a GPU. Sum it over
+    ranks before :func:`clip_factor`.
     """
     if grads.dtype.kind != "f":
         raise TypeError(f"grad_sum_of_squares: expected a float buffer, found {grads.dtype}")
-    if grads.dtype.itemsize < 4:
-        grads = grads.astype("float32")
-    return float(grads @ grads)
+    return sum_of_squares(grads.reshape(-1))
 
 
 def clip_factor(total_sum_of_squares, max_norm):

@@ -31,7 +31,7 @@ is a layer with parameters followed by the parameter-free layers after it
 (``Linear, GELU, Dropout``); pass ``block_sizes`` to choose differently.
 """
 
-from .layers import Dropout, Layer
+from .layers import Dropout, Layer, Linear
 from .params import ParamLayout
 
 
@@ -206,7 +206,7 @@ class Sequential:
                     layer.release()
         return x
 
-    def backward(self, grad_out, on_grads_ready=None):
+    def backward(self, grad_out, on_grads_ready=None, need_input_grad=True):
         """Backpropagate ``grad_out``; parameter gradients are ADDED to ``grads``.
 
         Parameters
@@ -216,13 +216,18 @@ class Sequential:
         on_grads_ready : callable(lo, hi), optional
             Called after each layer with parameters, with the slice of the flat
             gradient buffer that is now final. Slices come in increasing order.
+        need_input_grad : bool
+            False: a first :class:`~apps.train.layers.Linear` layer skips the
+            gradient with respect to the data (one GEMM the trainer never uses)
+            and None may be returned.
 
         Returns
         -------
-        ndarray
+        ndarray or None
             Gradient with respect to the model input.
         """
         grad = grad_out
+        first_layer = self.layers[0]
         for block_index in reversed(range(len(self.blocks))):
             block = self.blocks[block_index]
             if self._block_inputs is not None:
@@ -230,7 +235,10 @@ class Sequential:
                 for layer in block:
                     x = layer.forward(x, self._ctx)
             for layer in reversed(block):
-                grad = layer.backward(grad)
+                if layer is first_layer and not need_input_grad and isinstance(layer, Linear):
+                    grad = layer.backward(grad, need_input_grad=False)
+                else:
+                    grad = layer.backward(grad)
                 layer.release()
                 if on_grads_ready is not None and layer.n_params:
                     on_grads_ready(*layer.param_range)

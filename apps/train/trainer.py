@@ -212,7 +212,9 @@ def compute_gradients(trainer, state, x_local, y_local, sample_index_local, sync
             if last:
                 sync.before_backward()
             # only the last micro-batch's gradients are final: no communication before it
-            model.backward(grad_logits, on_grads_ready=sync.on_grads_ready if last else None)
+            # the data needs no gradient: the first Linear skips that GEMM
+            model.backward(grad_logits, on_grads_ready=sync.on_grads_ready if last else None,
+                           need_input_grad=False)
     with _phase(timers, "allreduce"):
         sync.finish_gradients(precision.compute_grads)
     return float(loss_total)

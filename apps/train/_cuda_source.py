@@ -1,0 +1,80 @@
+"""CUDA C++ helpers shared by the training RawKernels (source text only, no CuPy import).
+
+The kernels of :mod:`apps.train.layernorm_kernels` and :mod:`apps.train.buffer_kernels`
+are templates over the *storage* type ``S`` of the arrays (``unsigned short`` for
+float16, ``float``, ``double``) and do their arithmetic in ``MathType<S>::type``:
+float for float16 and float32 (as PyTorch's "opmath"), double for float64.
+
+float16 values travel as their 16-bit patterns and are converted with the PTX
+``cvt`` instructions, so the kernels need no ``cuda_fp16.h`` (whose location
+depends on how CUDA and CuPy were installed).
+
+``block_sum`` is a deterministic block-wide sum: warp shuffles, then one warp
+over the per-warp partials, always in the same order -- the same inputs give
+the same bits on every run, which the bitwise restart tests rely on.
+"""
+
+CUDA_HELPERS = r"""
+template <typename S> struct MathType { typedef float type; };
+template <> struct MathType<double> { typedef double type; };
+
+__device__ __forceinline__ float load_math(const unsigned short* values, long long i) {
+    float result;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(result) : "h"(values[i]));
+    return result;
+}
+__device__ __forceinline__ float load_math(const float* values, long long i) { return values[i]; }
+__device__ __forceinline__ double load_math(const double* values, long long i) { return values[i]; }
+
+__device__ __forceinline__ void store_math(unsigned short* values, long long i, float value) {
+    unsigned short bits;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));
+    values[i] = bits;
+}
+__device__ __forceinline__ void store_math(float* values, long long i, float value) { values[i] = value; }
+__device__ __forceinline__ void store_math(double* values, long long i, double value) { values[i] = value; }
+
+__device__ __forceinline__ float math_sqrt(float value) { return sqrtf(value); }
+__device__ __forceinline__ double math_sqrt(double value) { return sqrt(value); }
+
+template <typename M>
+__device__ __forceinline__ M warp_sum(M value) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        value += __shfl_xor_sync(0xffffffffu, value, offset);
+    }
+    return value;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets
+// lane 0's result, so the value is the same on all threads. scratch: 33 elements.
+template <typename M>
+__device__ M block_sum(M value, M* scratch) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    value = warp_sum(value);
+    if (lane == 0) {
+        scratch[warp] = value;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const int n_warps = blockDim.x >> 5;
+        value = lane < n_warps ? scratch[lane] : (M)0;
+        value = warp_sum(value);
+        if (lane == 0) {
+            scratch[32] = value;
+        }
+    }
+    __syncthreads();
+    value = scratch[32];
+    __syncthreads();   // the caller may reuse scratch right away
+    return value;
+}
+"""
+
+#: C++ storage type of each NumPy dtype name in the kernel templates.
+STORAGE_TYPES = {"float16": "unsigned short", "float32": "float", "float64": "double"}
+
+
+def math_dtype(dtype_name):
+    """NumPy dtype name of the arithmetic type for a storage dtype name."""
+    return "float64" if dtype_name == "float64" else "float32"
