@@ -119,10 +119,11 @@ def test_app_schedules_on_gpus_match_the_cpu_checksum(tmp_path, schedule):
     from hpcgpu.launch import run_mpi
 
     def checksum(n_ranks, backend, *extra):
-        summary = tmp_path / f"{backend}{n_ranks}{'_'.join(extra)}.json"
+        name = f"{backend}{n_ranks}{'_'.join(extra)}"
+        summary = tmp_path / f"{name}.json"
         result = run_mpi(n_ranks, [sys.executable, "-m", "apps.stencil", "--model", "jacobi", "--nx", "256",
                                    "--ny", "192", "--steps", "40", "--norm-every", "10", "--quiet",
-                                   "--backend", backend, "--output", str(tmp_path / "out"),
+                                   "--backend", backend, "--output", str(tmp_path / name),
                                    "--summary", str(summary), *extra], timeout=240)
         assert result.returncode == 0, result.output[-3000:]
         return json.loads(summary.read_text())
@@ -130,6 +131,6 @@ def test_app_schedules_on_gpus_match_the_cpu_checksum(tmp_path, schedule):
     reference = checksum(1, "numpy")
     for n_ranks in sorted({1, min(2, cupy.cuda.runtime.getDeviceCount())}):
         summary = checksum(n_ranks, "cupy", *schedule)
-        assert summary["checksum"] == reference["checksum"], (n_ranks, schedule)
+        assert summary["checksum"] == reference["checksum"], (n_ranks, schedule, summary["checksum"], reference["checksum"])
         assert summary["diagnostics"]["residual_l2"] == pytest.approx(
             reference["diagnostics"]["residual_l2"], rel=1e-10)
