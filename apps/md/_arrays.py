@@ -96,6 +96,10 @@ def raw_module(source: str, name_expressions: tuple):
     return cupy.RawModule(code=source, options=("-std=c++17",), name_expressions=templates or None)
 
 
+@functools.lru_cache(maxsize=None)
 def raw_kernel(source: str, name_expressions: tuple, name: str):
-    """Return kernel ``name`` (one of ``name_expressions``) from :func:`raw_module`."""
+    """Return kernel ``name`` (one of ``name_expressions``) from :func:`raw_module`.
+
+    Cached: a launch in the hot loop costs a dictionary look-up, not a module function query.
+    """
     return raw_module(source, name_expressions).get_function(name)

@@ -18,10 +18,13 @@ between ranks and ghosts come from neighbouring ranks (:mod:`hpcgpu.particles`).
     6. v += dt/2 f/m
     7. Nose-Hoover half step
 
-Thermo sums (kinetic energy, E_pair, virial) are exact float64 sums over all atoms of all ranks
-(:mod:`apps.md.reduction`), so 1..N ranks print the same thermo up to the last-bit differences of the
-per-atom forces (neighbour order depends on the local binning), which stay far below 1e-10 over the first
-hundreds of steps.
+Thermo sums (kinetic energy, E_pair, virial) are sums of per-atom float64 terms. On the CPU they are
+exact over all atoms of all ranks (:mod:`apps.md.reduction`), so 1..N ranks print the same thermo up to
+the last-bit differences of the per-atom forces (neighbour order depends on the local binning), which
+stay far below 1e-10 over the first hundreds of steps. On the GPU the per-atom terms never leave the
+device: each rank sums them with a fixed-order tree reduction (deterministic run to run, rounding error
+~1e-16 relative, i.e. decomposition-dependent only far below the 1e-10 target), and the rank totals are
+added exactly; a thermo sample copies 24 bytes to the host.
 
 Checkpoint hook: the whole dynamical state is ``owned_arrays(state)`` (positions, velocities, ids, types,
 masses, images of the owned atoms) plus ``state.step`` and ``state.nose_hoover``; :func:`init` rebuilds
@@ -47,7 +50,7 @@ from .neighbors import build_neighbor_list, needs_rebuild
 from .potential import tail_corrections
 from .reduction import global_sums
 from .serial import MDConfig, MDState, thermostat_energy_per_atom
-from .thermo import Thermo, degrees_of_freedom, kinetic_energy, thermo_sample
+from .thermo import Thermo, degrees_of_freedom, kinetic_energy, kinetic_energy_per_atom, thermo_sample
 from .watch import RebuildWatch, first_half_and_watch
 
 _MIGRATED = ("velocities", "masses", "types", "atom_ids", "images")
@@ -63,8 +66,7 @@ class DistributedState(MDState):
     """:class:`~apps.md.serial.MDState` of one rank plus its domain and ghost exchange.
 
     ``n_atoms`` is the global atom count; ``per_atom_energy`` holds this rank's per-atom shares of
-    (E_pair, W) of step ``energy_step`` on the CPU (None on the GPU, where ``energy_virial`` holds the
-    rank's sums).
+    (E_pair, W) of step ``energy_step``, two (n_local,) float64 arrays on the state's backend.
     """
 
     domain: ParticleDomain | None = None
@@ -356,36 +358,43 @@ def restore(domain: ParticleDomain, particles: dict, replicated: dict, config: M
 
 def _forces(state: DistributedState, compute_energy: bool, forces=None) -> None:
     forces = state.forces if forces is None else forces
-    if compute_energy and not state.is_gpu:
+    if compute_energy:
+        # Per-atom (E_pair, W) shares (device arrays on the GPU), summed by thermo().
         state.per_atom_energy = compute_forces_per_atom(state.positions, state.types, state.neighbor_list,
                                                         state.pair_table, forces)
         state.energy_step = state.step
         return
-    energy_virial = compute_forces(state.positions, state.types, state.neighbor_list, state.pair_table, forces,
-                                   compute_energy=compute_energy)
-    if compute_energy:
-        state.energy_virial, state.energy_step = energy_virial, state.step
+    compute_forces(state.positions, state.types, state.neighbor_list, state.pair_table, forces, compute_energy=False)
 
 
 def thermo(state: DistributedState, config: MDConfig) -> Thermo:
-    """Collective: thermo sample of the current state, with exact global sums (see module docstring)."""
+    """Collective: thermo sample of the current state (sums: see the module docstring).
+
+    On the GPU everything stays on the device but three float64 rank totals (one 24-byte copy).
+    """
     settle(state, config)
     if state.energy_step != state.step:
         scratch = array_module(state.forces).empty_like(state.forces)  # keep Langevin-augmented forces intact
         _forces(state, compute_energy=True, forces=scratch)
-    velocities = to_numpy(state.velocities).astype(np.float64)
-    masses = to_numpy(state.masses).astype(np.float64)
-    kinetic_per_atom = 0.5 * masses * (velocities[:, 0] ** 2 + velocities[:, 1] ** 2 + velocities[:, 2] ** 2)
-    if state.is_gpu:
-        energy_terms, virial_terms = (float(v) for v in to_numpy(state.energy_virial))
-    else:
-        energy_terms, virial_terms = state.per_atom_energy
+    kinetic_terms = kinetic_energy_per_atom(state.velocities, state.masses)
+    energy_terms, virial_terms = state.per_atom_energy
     comm = state.domain.comm
-    kinetic, pair_energy, virial = global_sums(comm, [kinetic_per_atom, energy_terms, virial_terms])
+    if state.is_gpu:
+        xp = array_module(state.velocities)
+        # Rank totals by CuPy's fixed-order tree reduction (same bits on every run), then exactly
+        # rounded across ranks; one small device-to-host copy instead of the per-atom arrays.
+        totals = np.zeros(3)
+        if state.n_local:
+            totals = xp.stack([kinetic_terms, energy_terms, virial_terms]).sum(axis=1).get()
+        columns = [float(v) for v in totals]
+    else:
+        columns = [kinetic_terms, energy_terms, virial_terms]
+    kinetic, pair_energy, virial = global_sums(comm, columns)
     volume = float(np.prod(state.box))
     energy_tail = pressure_tail = 0.0
     if config.tail_correction:
-        counts = np.bincount(to_numpy(state.types[:state.n_local]), minlength=config.potential.n_types)
+        xp = array_module(state.types)
+        counts = to_numpy(xp.bincount(state.types[:state.n_local], minlength=config.potential.n_types))
         counts = comm.allreduce(counts.astype(np.int64))
         energy_tail, pressure_tail = tail_corrections(config.potential, counts, volume)
     return thermo_sample(state.step, kinetic, pair_energy, virial, state.n_atoms, volume, energy_tail, pressure_tail)

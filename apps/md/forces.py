@@ -59,17 +59,10 @@ def compute_forces(positions, types, neighbor_list: NeighborList, pair_table, fo
     check_array("pair_table", pair_table, shape=(None, None, 5), dtypes=[positions.dtype], like=positions)
     check_array("forces", forces, shape=(n_local, 3), dtypes=[positions.dtype], like=positions)
     check_array("neighbor_list.neighbors", neighbor_list.neighbors, like=positions)
-    xp = array_module(positions)
     if _is_cupy(positions):
-        energy_virial = xp.zeros(2, dtype=xp.float64)
-        if n_local > 0:
-            real_name = "float" if positions.dtype == np.float32 else "double"
-            kernel = raw_kernel(_CUDA_SOURCE, _NAMES, f"md_lj_forces<{real_name}>")
-            kernel((blocks_for(n_local),), (THREADS_PER_BLOCK,),
-                   (positions, types, neighbor_list.neighbors, neighbor_list.counts, np.int32(n_local),
-                    np.int32(neighbor_list.capacity), pair_table, np.int32(pair_table.shape[0]), forces,
-                    np.int32(bool(compute_energy)), energy_virial))
-        return energy_virial if compute_energy else None
+        per_atom = _forces_gpu(positions, types, neighbor_list, pair_table, forces, compute_energy)
+        # A fixed-order tree reduction (CuPy's sum), not atomics: the same bits on every run.
+        return per_atom.sum(axis=1) if compute_energy else None
     energy_per_atom, virial_per_atom = _per_atom_cpu(positions, types, neighbor_list, pair_table, forces)
     if not compute_energy:
         return None
@@ -93,8 +86,25 @@ def compute_forces_per_atom(positions, types, neighbor_list: NeighborList, pair_
     check_array("pair_table", pair_table, shape=(None, None, 5), dtypes=[positions.dtype], like=positions)
     check_array("forces", forces, shape=(n_local, 3), dtypes=[positions.dtype], like=positions)
     if _is_cupy(positions):
-        raise TypeError("compute_forces_per_atom runs on the CPU; on the GPU use compute_forces (per-rank sums)")
+        per_atom = _forces_gpu(positions, types, neighbor_list, pair_table, forces, True)
+        return per_atom[0], per_atom[1]
     return _per_atom_cpu(positions, types, neighbor_list, pair_table, forces)
+
+
+def _forces_gpu(positions, types, neighbor_list, pair_table, forces, compute_energy):
+    """Launch the force kernel; returns the (2, n_local) float64 per-atom (E_pair, W) shares, or None."""
+    import cupy
+
+    n_local = neighbor_list.n_local
+    per_atom = cupy.zeros((2, n_local), dtype=cupy.float64) if compute_energy else None
+    if n_local > 0:
+        real_name = "float" if positions.dtype == np.float32 else "double"
+        kernel = raw_kernel(_CUDA_SOURCE, _NAMES, f"md_lj_forces<{real_name}>")
+        kernel((blocks_for(n_local),), (THREADS_PER_BLOCK,),
+               (positions, types, neighbor_list.neighbors, neighbor_list.counts, np.int32(n_local),
+                np.int32(neighbor_list.capacity), pair_table, np.int32(pair_table.shape[0]), forces,
+                np.int32(bool(compute_energy)), per_atom if compute_energy else np.uint64(0)))
+    return per_atom
 
 
 def _per_atom_cpu(positions, types, neighbor_list, pair_table, forces):
@@ -152,7 +162,7 @@ template <typename real>
 __global__ void md_lj_forces(const real* __restrict__ positions, const int* __restrict__ types,
                              const int* __restrict__ neighbors, const int* __restrict__ counts,
                              int n_local, int capacity, const real* __restrict__ table, int n_types,
-                             real* __restrict__ forces, int compute_energy, double* energy_virial) {
+                             real* __restrict__ forces, int compute_energy, double* __restrict__ per_atom) {
     const int i = blockDim.x * blockIdx.x + threadIdx.x;
     double energy = 0.0, virial = 0.0;
     if (i < n_local) {
@@ -190,16 +200,11 @@ __global__ void md_lj_forces(const real* __restrict__ positions, const int* __re
         forces[3 * i] = (real)fx;
         forces[3 * i + 1] = (real)fy;
         forces[3 * i + 2] = (real)fz;
-    }
-    if (compute_energy) {
-        /* Warp-level sum, then one float64 atomic per warp (halved: each pair is seen twice). */
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            energy += __shfl_down_sync(0xffffffff, energy, offset);
-            virial += __shfl_down_sync(0xffffffff, virial, offset);
-        }
-        if ((threadIdx.x & 31) == 0) {
-            atomicAdd(energy_virial, 0.5 * energy);
-            atomicAdd(energy_virial + 1, 0.5 * virial);
+        if (compute_energy) {
+            /* Per-atom shares (half of each pair, seen twice in a full list), summed later in a fixed
+               order: no float atomics, so thermo is the same on every run. Rows: E_pair, then W. */
+            per_atom[i] = 0.5 * energy;
+            per_atom[(long long)n_local + i] = 0.5 * virial;
         }
     }
 }

@@ -44,6 +44,30 @@ def kinetic_energy(velocities, masses) -> float:
     ----------
     velocities : array, shape (n_local, 3), float32/float64, sigma/tau
     masses : array, shape (n_local,), same dtype, m
+
+    On the GPU the per-atom terms are summed by a fixed-order reduction (no atomics): the same bits on
+    every run. Reading the result synchronises.
+    """
+    n_local = velocities.shape[0]
+    check_array("velocities", velocities, shape=(None, 3), dtypes=[np.float32, np.float64])
+    check_array("masses", masses, shape=(n_local,), dtypes=[velocities.dtype], like=velocities)
+    if _is_cupy(velocities):
+        return float(kinetic_energy_per_atom(velocities, masses).sum()) if n_local else 0.0
+    return float(_kinetic_energy_cpu(velocities, masses))
+
+
+def kinetic_energy_per_atom(velocities, masses):
+    """Per-atom kinetic energies ``m_i |v_i|**2 / 2`` (epsilon), float64, on the backend of the inputs.
+
+    Parameters
+    ----------
+    velocities : array, shape (n_local, 3), float32/float64, sigma/tau
+    masses : array, shape (n_local,), same dtype, m
+
+    Returns
+    -------
+    array, shape (n_local,), float64 -- the thermo sums add these (exactly on the CPU, by a fixed-order
+    device reduction on the GPU; :func:`apps.md.distributed.thermo`).
     """
     n_local = velocities.shape[0]
     check_array("velocities", velocities, shape=(None, 3), dtypes=[np.float32, np.float64])
@@ -51,13 +75,15 @@ def kinetic_energy(velocities, masses) -> float:
     if _is_cupy(velocities):
         import cupy
 
-        total = cupy.zeros(1, dtype=cupy.float64)
+        terms = cupy.empty(n_local, dtype=cupy.float64)
         if n_local > 0:
             real_name = "float" if velocities.dtype == np.float32 else "double"
-            kernel = raw_kernel(_CUDA_SOURCE, _NAMES, f"md_kinetic_energy<{real_name}>")
-            kernel((blocks_for(n_local),), (THREADS_PER_BLOCK,), (velocities, masses, np.int32(n_local), total))
-        return float(total.get()[0])
-    return float(_kinetic_energy_cpu(velocities, masses))
+            kernel = raw_kernel(_CUDA_SOURCE, _NAMES, f"md_kinetic_terms<{real_name}>")
+            kernel((blocks_for(n_local),), (THREADS_PER_BLOCK,), (velocities, masses, np.int32(n_local), terms))
+        return terms
+    terms = np.empty(n_local, dtype=np.float64)
+    _kinetic_terms_cpu(velocities, masses, terms)
+    return terms
 
 
 def degrees_of_freedom(n_atoms: int) -> int:
@@ -104,19 +130,25 @@ def _kinetic_energy_cpu(velocities, masses):
     return total
 
 
+@numba.njit(parallel=True, cache=True)
+def _kinetic_terms_cpu(velocities, masses, terms):
+    # Same float64 arithmetic as md_kinetic_terms (the GPU kernel).
+    for i in numba.prange(velocities.shape[0]):
+        vx = np.float64(velocities[i, 0])
+        vy = np.float64(velocities[i, 1])
+        vz = np.float64(velocities[i, 2])
+        terms[i] = 0.5 * np.float64(masses[i]) * (vx * vx + vy * vy + vz * vz)
+
+
 _CUDA_SOURCE = r"""
 template <typename real>
-__global__ void md_kinetic_energy(const real* __restrict__ velocities, const real* __restrict__ masses,
-                                  int n_local, double* total) {
-    int i = blockDim.x * blockIdx.x + threadIdx.x;
-    double value = 0.0;
-    if (i < n_local) {
-        double vx = velocities[3 * i], vy = velocities[3 * i + 1], vz = velocities[3 * i + 2];
-        value = 0.5 * (double)masses[i] * (vx * vx + vy * vy + vz * vz);
-    }
-    for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_down_sync(0xffffffff, value, offset);
-    if ((threadIdx.x & 31) == 0) atomicAdd(total, value);
+__global__ void md_kinetic_terms(const real* __restrict__ velocities, const real* __restrict__ masses,
+                                 int n_local, double* __restrict__ terms) {
+    const int i = blockDim.x * blockIdx.x + threadIdx.x;
+    if (i >= n_local) return;
+    const double vx = velocities[3 * i], vy = velocities[3 * i + 1], vz = velocities[3 * i + 2];
+    terms[i] = 0.5 * (double)masses[i] * (vx * vx + vy * vy + vz * vz);
 }
 """
 
-_NAMES = ("md_kinetic_energy<float>", "md_kinetic_energy<double>")
+_NAMES = ("md_kinetic_terms<float>", "md_kinetic_terms<double>")

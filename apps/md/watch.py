@@ -142,15 +142,24 @@ class RebuildWatch:
 
     def verified(self, state, largest_displacement: float | None) -> None:
         """The state after step ``state.step`` is known to be right: save it and plan the next check."""
-        xp = self.xp
         n_local = state.n_local
+        previous = self._saved or {}
         self._saved = {
-            "positions": xp.array(state.positions[:n_local], copy=True), "velocities": xp.array(state.velocities, copy=True),
-            "forces": xp.array(state.forces, copy=True), "step": state.step, "nose_hoover": state.nose_hoover,
+            "positions": self._copy(previous.get("positions"), state.positions[:n_local]),
+            "velocities": self._copy(previous.get("velocities"), state.velocities),
+            "forces": self._copy(previous.get("forces"), state.forces),
+            "step": state.step, "nose_hoover": state.nose_hoover,
             "energy_virial": state.energy_virial, "energy_step": state.energy_step,
             "per_atom_energy": state.per_atom_energy, "n_builds": state.n_builds}
         self.verified_step = state.step
         self.next_check = state.step + self._steps_to_next_check(state.step, largest_displacement)
+
+    def _copy(self, buffer, values):
+        """``values`` copied into ``buffer`` when the shapes match (no allocation per check), else a new copy."""
+        if buffer is None or buffer.shape != values.shape or buffer.dtype != values.dtype:
+            return self.xp.array(values, copy=True)
+        buffer[...] = values
+        return buffer
 
     def _steps_to_next_check(self, step: int, largest: float | None) -> int:
         since_build = step - self.build_step

@@ -102,6 +102,7 @@ def _module():
     return cupy.RawModule(code=_CUDA_SOURCE, options=("-std=c++17",), name_expressions=_NAMES)
 
 
+@functools.lru_cache(maxsize=None)
 def _kernel(name, dtype=None):
     if dtype is None:
         return _module().get_function(name)

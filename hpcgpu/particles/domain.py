@@ -45,9 +45,29 @@ class SubBox:
         return self.upper - self.lower
 
     def contains(self, positions) -> np.ndarray:
-        """Boolean mask, shape (n,), of ``positions`` (n, 3) inside ``[lower, upper)``."""
+        """Boolean mask, shape (n,), of ``positions`` (n, 3) inside ``[lower, upper)``.
+
+        The bounds are rounded to the positions' float dtype first (see :func:`bounds_in`), so float32
+        positions are owned exactly as :func:`~hpcgpu.particles.migrate` decides.
+        """
         positions = np.asarray(positions)
-        return np.all((positions >= self.lower) & (positions < self.upper), axis=1)
+        lower, upper = bounds_in(positions.dtype, self.lower, self.upper)
+        return np.all((positions >= lower) & (positions < upper), axis=1)
+
+
+def bounds_in(dtype, *bounds):
+    """``bounds`` (float64 arrays) rounded to the float ``dtype`` of the positions they are compared with.
+
+    Ownership must be decided in ONE precision. A float32 position can round onto a float64 sub-box edge
+    (``x = float32(edge) >= edge`` in float32 but ``< edge`` in float64): comparing float32 positions
+    with float64 edges in one place and float32 edges in another made two ranks disagree on the owner
+    (an atom "outside" its sub-box but "owned" by the same rank). Every test of a position against a
+    sub-box or an edge uses the bounds rounded like this. Non-float dtypes compare in float64.
+    """
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f":
+        dtype = np.dtype(np.float64)
+    return tuple(np.asarray(b, dtype=np.float64).astype(dtype) for b in bounds)
 
 
 @dataclass(frozen=True)
@@ -169,9 +189,14 @@ class ParticleDomain:
         return self.comm.rank
 
     def owner_ranks(self, positions) -> np.ndarray:
-        """Owning rank of each of ``positions`` (NumPy, shape (n, 3), wrapped into the box), int64."""
+        """Owning rank of each of ``positions`` (NumPy, shape (n, 3), wrapped into the box), int64.
+
+        Edges are compared in the positions' dtype (:func:`bounds_in`): the same decision as
+        :meth:`SubBox.contains` and :func:`~hpcgpu.particles.migrate` for float32 positions.
+        """
         positions = np.asarray(positions)
-        coords = [np.clip(np.searchsorted(self.edges[a][1:-1], positions[:, a], side="right"), 0, self.dims[a] - 1)
+        edges = [bounds_in(positions.dtype, self.edges[a][1:-1])[0] for a in range(3)]
+        coords = [np.clip(np.searchsorted(edges[a], positions[:, a], side="right"), 0, self.dims[a] - 1)
                   for a in range(3)]
         return self.rank_table[coords[0], coords[1], coords[2]]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpcgpu.errors import NumericalError
+from hpcgpu.particles.domain import bounds_in
 from hpcgpu.particles.messages import exchange
 
 _MIGRATION_TAG = 7001
@@ -70,15 +71,15 @@ def migrate(domain, positions, arrays: dict):
     if _is_cupy(positions):
         import cupy as xp
     names = list(arrays)
-    lower = xp.asarray(domain.subbox.lower, dtype=positions.dtype)
-    upper = xp.asarray(domain.subbox.upper, dtype=positions.dtype)
+    # Bounds in the positions' dtype, as owner_ranks uses below: one precision decides ownership.
+    lower, upper = (xp.asarray(b) for b in bounds_in(positions.dtype, domain.subbox.lower, domain.subbox.upper))
     outside = xp.any((positions < lower) | (positions >= upper), axis=1)
     leaving = xp.nonzero(outside)[0]
     kept = xp.nonzero(~outside)[0]
     host_leaving = [positions[leaving]] + [arrays[name][leaving] for name in names]
     if xp is not np:
         host_leaving = [a.get() for a in host_leaving]
-    owners = domain.owner_ranks(host_leaving[0].astype(np.float64))
+    owners = domain.owner_ranks(host_leaving[0])
     far = ~np.isin(owners, np.asarray(domain.neighbor_ranks, dtype=np.int64))
     message = ""
     if np.any(far):

@@ -84,6 +84,17 @@ def test_forces_energy_virial_match_cpu(cupy, perturbed_fcc, dtype, tolerance, v
     np.testing.assert_allclose(gpu_ev, cpu_ev, rtol=tolerance)
     assert forces.compute_forces(gpu_positions, gpu_types, gpu_list, forces.device_pair_table(lj, gpu_positions),
                                  gpu_forces, compute_energy=False) is None
+    # Per-atom (E_pair, W) shares on the device, atom by atom like the CPU's (the device thermo sums them).
+    cpu_energy, cpu_virial = forces.compute_forces_per_atom(cpu_positions, cpu_types, cpu_list, lj.pair_table(),
+                                                            np.empty_like(positions))
+    gpu_energy, gpu_virial = forces.compute_forces_per_atom(gpu_positions, gpu_types, gpu_list,
+                                                            forces.device_pair_table(lj, gpu_positions), gpu_forces)
+    assert gpu_energy.shape == (positions.shape[0],) and gpu_energy.dtype == np.float64
+    np.testing.assert_allclose(gpu_energy.get(), cpu_energy, rtol=tolerance, atol=tolerance * np.abs(cpu_energy).max())
+    np.testing.assert_allclose(gpu_virial.get(), cpu_virial, rtol=tolerance, atol=tolerance * np.abs(cpu_virial).max())
+    ones = np.ones(positions.shape[0])
+    np.testing.assert_allclose(thermo.kinetic_energy_per_atom(cupy.asarray(cpu_forces), cupy.asarray(ones)).get(),
+                               thermo.kinetic_energy_per_atom(cpu_forces, ones), rtol=1e-14)
 
 
 def test_integrators_and_kinetic_energy_match_cpu(cupy):

@@ -68,7 +68,8 @@ def test_watch_kernel_matches_cpu():
               "forces": rng.normal(0, 50, (n, 3)), "masses": rng.uniform(0.5, 2, n)}
     results = []
     for xp in (np, cupy):
-        a = {name: xp.asarray(value) for name, value in arrays.items()}
+        # Copies: np.asarray would alias the inputs, and the GPU run would start from the CPU's result.
+        a = {name: xp.array(value, copy=True) for name, value in arrays.items()}
         values = xp.asarray(np.array([watch.NOT_EXCEEDED, 0], np.int32))
         for step in (4, 5, 6):
             watch.first_half_and_watch(a["positions"], a["velocities"], a["forces"], a["masses"], 0.005,

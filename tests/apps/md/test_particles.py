@@ -126,3 +126,45 @@ def _a_particle_two_sub_boxes_away_is_an_error_on_every_rank(comm):
         positions[0, 0] = 25.0  # sub-box 2 of 4: not adjacent to sub-box 0
     with pytest.raises(NumericalError, match="farther than one sub-box"):
         migrate(domain, positions, {"ids": np.array([comm.rank], np.int64)})
+
+
+@pytest.mark.mpi(ranks=[1, 2], timeout=90)
+def test_float32_atoms_on_a_sub_box_edge_have_one_owner(comm):
+    """float32 positions that round onto (or just below) an edge or L: wrapped and owned consistently.
+
+    The box of in.lj at 160 x 80 x 80 cells cut in two along x (the failing 2-GPU run): the inner edge
+    ``E = L/2`` is not a float32 number, and ``float32(E) < E`` in float64 but ``== float32(E)`` in float32.
+    Rank 0 starts with such atoms (chosen in float64, as the lattice setup does); after wrapping and
+    migration in float32 each atom must have exactly one owner, the rank whose float32 sub-box holds it.
+    """
+    from apps.md.ghosts import wrap_positions
+    from hpcgpu.particles import ParticleDomain, migrate
+
+    edge = 134.3676953106006
+    box = np.array([2 * edge, 10.0, 10.0])
+    domain = ParticleDomain(comm, box, 2.8, dims=(comm.size, 1, 1))
+    below = np.nextafter(np.float32(edge), np.float32(0))
+    top = np.float32(box[0])
+    x = np.array([np.float32(edge), below, np.nextafter(np.float32(edge), np.float32(1e9)), top,
+                  np.nextafter(top, np.float32(0)), np.float32(0), -np.float32(1e-6)], np.float32)
+    start = np.column_stack([x, np.full(x.size, 5.0, np.float32), np.full(x.size, 5.0, np.float32)])
+    assert float(np.float32(edge)) < edge      # the case: float32(E) lies below E in float64
+    ids = np.arange(1, x.size + 1, dtype=np.int64)
+    # Initial owners decided in float64 (as the lattice setup does), on the float64 values of the atoms.
+    mine = np.all((start.astype(np.float64) >= domain.subbox.lower) & (start.astype(np.float64) < domain.subbox.upper),
+                  axis=1)
+    if comm.rank == 0:
+        mine |= (start[:, 0] < 0) | (start[:, 0].astype(np.float64) >= box[0])   # outside the box: rank 0 takes it
+    positions = np.ascontiguousarray(start[mine])
+    images = np.zeros((positions.shape[0], 3), np.int32)
+    wrap_positions(positions, images, box)
+    assert np.all((positions >= 0) & (positions < box.astype(np.float32)))
+    positions, arrays = migrate(domain, positions, {"ids": ids[mine], "images": images})
+    assert np.all(domain.subbox.contains(positions))
+    all_ids, all_positions, all_images = _gather(comm, arrays["ids"], positions, arrays["images"])
+    order = np.argsort(all_ids)
+    assert np.array_equal(all_ids[order], ids), "each atom owned exactly once"
+    assert np.array_equal(np.concatenate(comm.mpi.allgather(domain.owner_ranks(positions) == comm.rank)),
+                          np.ones(x.size, bool))
+    unwrapped = all_positions[order].astype(np.float64) + all_images[order] * box.astype(np.float32)
+    np.testing.assert_allclose(unwrapped[:, 0], start[:, 0].astype(np.float64), atol=1e-4)
