@@ -19,7 +19,10 @@ Variants (all compute bitwise the same ``out``; they differ only in how threads 
 ``auto`` picks ``march_vec2`` where its alignment holds and ``march`` otherwise.
 
 Bitwise agreement with the CPU kernel: every kernel is compiled with ``--fmad=false`` so NVCC never
-contracts a multiply-add into an FMA, and evaluates ``0.25 * ((east + west) + (south + north))`` in
+contracts a multiply-add into an FMA; the float32 adds and the multiply are inline PTX ``add.rn.f32`` /
+``mul.rn.f32`` (no ``.ftz``), because CuPy compiles every kernel with ``-ftz=true``, which flushes float32
+subnormals to zero where the CPU keeps them (the Jacobi front leaves values near 1e-40 behind it; flushed,
+they changed the final checksum). The kernel and evaluates ``0.25 * ((east + west) + (south + north))`` in
 the data dtype, as the Numba kernel does. The residual is accumulated in float64 (per thread, then a
 warp-shuffle and shared-memory block reduction, then one ``atomicAdd(double)`` per block), so it agrees
 with the CPU value to rounding but not bitwise (atomic order varies).
@@ -50,6 +53,27 @@ _SOURCE = r"""
 // out[j, i] = T(0.25) * ((in[j, i+1] + in[j, i-1]) + (in[j+1, i] + in[j-1, i]))
 // for j0 <= j < j1, i0 <= i < i1, skipping the (up to two) fixed columns fixed0/fixed1 (-1: none).
 // Compiled with --fmad=false: the same rounding as the CPU kernel, bit for bit.
+
+// IEEE adds and multiplies that keep subnormals whatever -ftz says (CuPy always passes -ftz=true) and
+// are never contracted into an FMA: the CPU's rounding, bit for bit.
+__device__ __forceinline__ float add_rn(float a, float b) {
+    float r;
+    asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float mul_rn(float a, float b) {
+    float r;
+    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+
+// The update of one cell: 0.25 * ((east + west) + (south + north)).
+template <typename T>
+__device__ __forceinline__ T jacobi_update(T east, T west, T south, T north) {
+    return mul_rn(T(0.25), add_rn(add_rn(east, west), add_rn(south, north)));
+}
 
 template <typename T, int V>
 struct alignas(sizeof(T) * V) Pack {
@@ -85,7 +109,7 @@ __global__ void jacobi_simple(T* __restrict__ out, const T* __restrict__ inp, lo
     // No early return: with RESIDUAL every thread must reach the block reduction.
     if (i < i1 && j < j1 && i != fixed0 && i != fixed1) {
         const long long c = (long long)j * pitch + i;
-        const T new_value = T(0.25) * ((inp[c + 1] + inp[c - 1]) + (inp[c + pitch] + inp[c - pitch]));
+        const T new_value = jacobi_update(inp[c + 1], inp[c - 1], inp[c + pitch], inp[c - pitch]);
         out[c] = new_value;
         if (RESIDUAL) {
             const double difference = (double)new_value - (double)inp[c];
@@ -152,7 +176,7 @@ __global__ void jacobi_march(T* __restrict__ out, const T* __restrict__ inp, lon
             const int i = first_column + e;
             const T west = e == 0 ? west_of_first : center.v[e > 0 ? e - 1 : 0];
             const T east = e == V - 1 ? east_of_last : center.v[e < V - 1 ? e + 1 : 0];
-            result.v[e] = T(0.25) * ((east + west) + (below.v[e] + above.v[e]));
+            result.v[e] = jacobi_update(east, west, below.v[e], above.v[e]);
             active[e] = owns_group && i >= i0 && i < i1 && i != fixed0 && i != fixed1;
             all_active = all_active && active[e];
             if (RESIDUAL && active[e]) {
