@@ -13,6 +13,7 @@ directory that :meth:`find` ignores, next to the intact older checkpoints.
 from __future__ import annotations
 
 import datetime
+import queue
 import threading
 import time
 import traceback
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcgpu.checkpoint import layout
+from hpcgpu.checkpoint import bulk, layout
 from hpcgpu.checkpoint.filesystem import fault_point, remove_tree, rename_durably
 from hpcgpu.checkpoint.reader import BlockReader, CheckpointInfo, read_master, read_replicated_state
 from hpcgpu.checkpoint.snapshot import PinnedPool, take_snapshot
@@ -72,15 +73,22 @@ def _replicated_error(message: str) -> CheckpointError:
 
 
 class _WriteJob:
-    """One checkpoint on its way to disk (written inline or on a background thread)."""
+    """One checkpoint on its way to disk (written inline or by the background writer).
+
+    Background life cycle: the writer thread writes the files and sets ``written``; the stepping
+    thread agrees with the other ranks (``poll``/``wait``), stores ``verdict`` and sets
+    ``verdict_known``; on rank 0 the writer thread then publishes (rename, fsync, prune) and sets
+    ``done`` (on other ranks ``done`` follows ``written`` at once).
+    """
 
     def __init__(self, snapshot, index, temporary: Path, final: Path):
         self.snapshot, self.index, self.temporary, self.final = snapshot, index, temporary, final
         self.error = None
-        self.thread = None
+        self.publish_error = None
         self.request = None
         self.verdict = None
         self.seconds = 0.0
+        self.written, self.verdict_known, self.done = threading.Event(), threading.Event(), threading.Event()
 
     def run(self, write_fn) -> None:
         started = time.perf_counter()
@@ -91,6 +99,57 @@ class _WriteJob:
             self.traceback = traceback.format_exc()
         self.seconds = time.perf_counter() - started
         self.snapshot = None  # free host copies as soon as they are on disk
+
+    @property
+    def succeeded(self) -> bool:
+        return self.verdict is not None and int(self.verdict[0]) == 1
+
+
+class _BackgroundWriter:
+    """One long-lived thread per manager that writes (and on rank 0 publishes) asynchronous saves.
+
+    Long-lived rather than a thread per save: starting a thread makes ``save`` wait until the new
+    thread has run, and that thread then competes for the GIL with the caller, which a persistent
+    thread woken through a queue avoids.
+    """
+
+    def __init__(self):
+        self._jobs = queue.SimpleQueue()
+        self._thread = None
+
+    def submit(self, job: _WriteJob, write_fn, publish_fn) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="checkpoint-writer", daemon=True)
+            self._thread.start()
+        self._jobs.put((job, write_fn, publish_fn))
+
+    def _loop(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            job, write_fn, publish_fn = item
+            try:
+                job.run(write_fn)
+                job.written.set()
+                if publish_fn is not None:
+                    job.verdict_known.wait()
+                    if job.succeeded:
+                        try:
+                            publish_fn(job)
+                        except OSError as exc:
+                            job.publish_error = f"cannot publish {job.temporary} as {job.final}: {exc}"
+            except BaseException as exc:  # noqa: BLE001 - never leave the stepping thread waiting
+                job.publish_error = job.publish_error or f"{type(exc).__name__}: {exc}"
+            finally:
+                job.written.set()
+                job.done.set()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
 
 
 class CheckpointManager:
@@ -147,6 +206,8 @@ class CheckpointManager:
                 provenance = {"hpcgpu_version": hpcgpu.__version__, "git_commit": git_commit()}
         self.provenance = provenance
         self._pool = PinnedPool() if asynchronous else None
+        self._writer = _BackgroundWriter() if asynchronous else None
+        self._scratch = bulk.Scratch()  # pack buffers for strided arrays, reused between saves
         # Commits of background writes agree through non-blocking reductions on a private
         # communicator, so they never match the application's own collectives.
         self._commit_comm = comm.mpi.Dup() if asynchronous else None
@@ -211,9 +272,7 @@ class CheckpointManager:
         job = _WriteJob(snapshot, index, temporary, final)
         self.last_bytes = snapshot.n_bytes
         if self.asynchronous:
-            job.thread = threading.Thread(target=job.run, args=(self._write_files,), name=f"checkpoint-{step}",
-                                          daemon=True)
-            job.thread.start()
+            self._writer.submit(job, self._write_files, self._publish if self.comm.rank == 0 else None)
             self._pending = job
             self.last_save_seconds = time.perf_counter() - started
             return None
@@ -229,7 +288,7 @@ class CheckpointManager:
                               self.provenance)
             return
         write_rank_file(job.temporary / layout.rank_file_name(rank), job.snapshot, rank, n_ranks, self.app,
-                        self.compression)
+                        self.compression, scratch=self._scratch)
         if rank == 0:
             write_master_file(job.temporary / layout.MASTER_FILE, job.snapshot, job.index, self.app, n_ranks,
                               self.provenance)
@@ -272,10 +331,18 @@ class CheckpointManager:
             raise _replicated_error(problem)
         return self._info_of(job)
 
+    @property
+    def in_flight(self) -> bool:
+        """True while an asynchronous save is not yet committed (not collective)."""
+        return self._pending is not None
+
     def poll(self) -> CheckpointInfo | None:
         """Not collective, cheap: commit a finished background write; call once per step.
 
-        Returns the CheckpointInfo of a checkpoint committed now (on rank 0, once renamed), else None.
+        Returns the CheckpointInfo of a checkpoint committed now, else None. Once the ranks agree
+        that every file is durable, rank 0's writer thread renames the directory and removes old
+        checkpoints (a directory fsync and a tree removal stay off the stepping thread); a later
+        ``poll`` returns the info.
 
         Raises
         ------
@@ -285,12 +352,16 @@ class CheckpointManager:
             ends with MPI_Abort. The previous checkpoint stays intact.
         """
         job = self._pending
-        if job is None or job.thread.is_alive():
+        if job is None or not job.written.is_set():
             return None
-        if job.request is None:
-            job.verdict = np.array([0 if job.error else 1], dtype=np.int64)
-            job.request = self._commit_comm.Iallreduce(job.verdict.copy(), job.verdict, op=_mpi_min())
-        if not job.request.Test():
+        if not job.verdict_known.is_set():
+            self._start_agreement(job)
+            if not job.request.Test():
+                return None
+            job.verdict_known.set()
+            if not job.succeeded:
+                return self._finish_background(job, replicated=False)
+        if not job.done.is_set():
             return None
         return self._finish_background(job, replicated=False)
 
@@ -302,32 +373,38 @@ class CheckpointManager:
         job = self._pending
         if job is None:
             return None
-        job.thread.join()
+        job.written.wait()
+        if not job.verdict_known.is_set():
+            self._start_agreement(job)
+            job.request.Wait()
+            job.verdict_known.set()
+        if job.succeeded:
+            job.done.wait()
+        return self._finish_background(job, replicated=True)
+
+    def _start_agreement(self, job: _WriteJob) -> None:
         if job.request is None:
             job.verdict = np.array([0 if job.error else 1], dtype=np.int64)
             job.request = self._commit_comm.Iallreduce(job.verdict.copy(), job.verdict, op=_mpi_min())
-        job.request.Wait()
-        return self._finish_background(job, replicated=True)
 
     def _finish_background(self, job: _WriteJob, replicated: bool) -> CheckpointInfo:
         self._pending = None
         self.last_write_seconds = job.seconds
         error_type = _replicated_error if replicated else CheckpointError
-        if int(job.verdict[0]) == 0:
+        if not job.succeeded:
             self._discard(job.temporary)
             where = job.error or "the background write failed on another rank"
             raise error_type(f"asynchronous checkpoint {job.final.name} failed ({where}); the previous "
                              "checkpoint is intact")
-        if self.comm.rank == 0:
-            try:
-                self._publish(job)
-            except OSError as exc:
-                raise CheckpointError(f"cannot publish {job.temporary} as {job.final}: {exc}") from None
+        if job.publish_error:
+            raise CheckpointError(job.publish_error)
         return self._info_of(job)
 
     def close(self) -> None:
         """Collective: wait for a write in flight and release the private communicator."""
         self.wait()
+        if self._writer is not None:
+            self._writer.close()
         if self._commit_comm is not None:
             self._commit_comm.Free()
             self._commit_comm = None

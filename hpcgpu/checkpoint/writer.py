@@ -14,10 +14,11 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
 
 import numpy as np
 
-from hpcgpu.checkpoint import layout
+from hpcgpu.checkpoint import bulk, layout
 from hpcgpu.checkpoint.filesystem import fault_point, fsync_path
 from hpcgpu.checkpoint.integrity import crc32, iter_tiles, tile_slices
 from hpcgpu.checkpoint.replicated import replicated_digests, write_replicated
@@ -109,10 +110,10 @@ def _root_attributes(handle, snapshot, index, app: str, n_ranks: int, storage: s
 
 # ---------------------------------------------------------------------- per-rank files
 def _write_tiled(handle, path: str, array: np.ndarray, compression, checksum_path: str) -> None:
-    """Write ``array`` tile by tile (chunk = tile) and its CRC32 per tile.
+    """Write ``array`` through h5py, tile by tile (chunk = tile), and its CRC32 per tile.
 
-    One tile per HDF5 call keeps each call short, so a background writer lets the stepping thread
-    run between tiles (h5py holds the GIL during a call).
+    Used for compressed arrays and dtypes that :mod:`~hpcgpu.checkpoint.bulk` cannot write raw.
+    One tile per HDF5 call keeps each call short (h5py holds the GIL during a call).
     """
     tile = layout.tile_shape(array.shape, array.dtype.itemsize)
     grid = layout.tile_grid(array.shape, tile)
@@ -136,11 +137,23 @@ def _write_tiled(handle, path: str, array: np.ndarray, compression, checksum_pat
     checksums.attrs["tile_shape"] = np.asarray(tile, dtype=np.int64)
 
 
-def write_rank_file(path, snapshot, rank: int, n_ranks: int, app: str, compression=None) -> None:
-    """Write this rank's blocks and particles with their checksums; flush and fsync."""
+def write_rank_file(path, snapshot, rank: int, n_ranks: int, app: str, compression=None,
+                    scratch: bulk.Scratch | None = None) -> None:
+    """Write this rank's blocks and particles with their checksums; fsync.
+
+    Without compression, h5py only lays the file out (attributes, contiguous datasets with their
+    storage allocated, closed) and the array bytes and checksums go in with ``os.pwrite`` (see
+    :mod:`hpcgpu.checkpoint.bulk`: no GIL held while writing). With compression, or a dtype h5py
+    stores differently from NumPy, that array goes through h5py, chunked by checksum tile.
+    """
     import h5py
 
     snapshot.wait_ready()
+    scratch = scratch or bulk.Scratch()
+    arrays = ([(f"fields/{name}", block.data, f"checksums/fields/{name}") for name, block in snapshot.fields.items()]
+              + [(f"particles/{name}", array, f"checksums/particles/{name}")
+                 for name, array in snapshot.particles.items()])
+    raw = []  # (array, tile, data offset, checksum offset) for the pwrite phase
     with h5py.File(path, "w") as handle:
         handle.attrs["format"] = layout.FORMAT
         handle.attrs["format_version"] = layout.FORMAT_VERSION
@@ -148,16 +161,48 @@ def write_rank_file(path, snapshot, rank: int, n_ranks: int, app: str, compressi
         handle.attrs["step"] = np.int64(snapshot.step)
         handle.attrs["rank"] = np.int64(rank)
         handle.attrs["n_ranks"] = np.int64(n_ranks)
-        for number, (name, block) in enumerate(snapshot.fields.items()):
-            _write_tiled(handle, f"fields/{name}", block.data, compression, f"checksums/fields/{name}")
-            if number == 0:
-                handle.flush()
-                fault_point("mid-rank-file", rank)
-        for name, array in snapshot.particles.items():
-            _write_tiled(handle, f"particles/{name}", array, compression, f"checksums/particles/{name}")
-        handle.flush()
-    fsync_path(path)
+        properties = bulk.contiguous_creation_properties()
+        for name, array, checksum_path in arrays:
+            if compression is None and array.size and bulk.raw_writable(array.dtype):
+                placed = _allocate(handle, name, array, checksum_path, properties)
+                if placed is not None:
+                    raw.append(placed)
+                    continue
+            _write_tiled(handle, name, array, compression, checksum_path)
+    if raw:
+        descriptor = os.open(path, os.O_WRONLY)
+        try:
+            for number, (array, tile, data_offset, checksum_offset) in enumerate(raw):
+                crcs = bulk.write_array(descriptor, data_offset, array, tile, scratch)
+                bulk.pwrite_all(descriptor, crcs.astype("<u4"), checksum_offset)
+                if number == 0:
+                    fault_point("mid-rank-file", rank)
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+    else:
+        fault_point("mid-rank-file", rank)
+        fsync_path(path)
     fault_point("after-rank-file", rank)
+
+
+def _allocate(handle, name: str, array: np.ndarray, checksum_path: str, properties):
+    """Create ``name`` and its checksums as contiguous, allocated, unfilled datasets.
+
+    Returns ``(array, tile, data offset, checksum offset)``, or None (both removed again) if HDF5
+    did not lay the bytes out as NumPy does.
+    """
+    tile = layout.tile_shape(array.shape, array.dtype.itemsize)
+    grid = layout.tile_grid(array.shape, tile)
+    dataset = handle.create_dataset(name, shape=array.shape, dtype=array.dtype, dcpl=properties)
+    checksums = handle.create_dataset(checksum_path, shape=grid, dtype="<u4", dcpl=properties)
+    checksums.attrs["tile_shape"] = np.asarray(tile, dtype=np.int64)
+    data_offset, checksum_offset = dataset.id.get_offset(), checksums.id.get_offset()
+    if (data_offset is None or checksum_offset is None or dataset.id.get_storage_size() != array.nbytes
+            or checksums.id.get_storage_size() != 4 * math.prod(grid)):
+        del handle[name], handle[checksum_path]
+        return None
+    return array, tile, data_offset, checksum_offset
 
 
 def write_master_file(path, snapshot, index: dict, app: str, n_ranks: int, provenance: dict) -> None:

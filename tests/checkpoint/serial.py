@@ -85,3 +85,10 @@ class HostField:
     @property
     def dtype(self):
         return self.data.dtype
+
+
+def data_offset(dataset, chunk: int = 0) -> int:
+    """File offset of a rank-file dataset's bytes (contiguous layout) or of one of its chunks (chunked)."""
+    if dataset.chunks is None:
+        return dataset.id.get_offset()
+    return dataset.id.get_chunk_info(chunk).byte_offset

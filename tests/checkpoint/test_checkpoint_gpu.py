@@ -32,13 +32,15 @@ def test_device_fields_round_trip(tmp_path, serial_comm, asynchronous):
     expected = np.random.default_rng(0).standard_normal((64, 48))
     field.interior[...] = cupy.asarray(expected)
     particles = {"ids": cupy.arange(10), "position": cupy.asarray(np.random.default_rng(1).random((10, 3)))}
+    expected_position = cupy.asnumpy(particles["position"])
     manager = CheckpointManager(serial_comm, tmp_path, app="tests.gpu", asynchronous=asynchronous)
     manager.save(3, fields={"h": field}, particles=particles, replicated={"scale": cupy.asarray([2.0])})
     field.interior[...] = -1.0  # the next step overwrites the state while the writer may still run
+    particles["position"][...] = -1.0  # contiguous: the side-stream copy must read a private device copy
     manager.close()
     restored = DeviceField(arch, BoxGrid((64, 48), start=(10, 5), shape=(30, 20)))
     state = manager.load("latest", fields={"h": restored}, particles=True)
     assert np.array_equal(cupy.asnumpy(restored.interior), expected[10:40, 5:25])
     assert np.all(cupy.asnumpy(restored.data[0]) == 0), "ghost cells are not touched"
-    assert np.array_equal(state.particles["position"], cupy.asnumpy(particles["position"]))
+    assert np.array_equal(state.particles["position"], expected_position)
     assert np.array_equal(state.replicated["scale"], [2.0])

@@ -11,7 +11,7 @@ from hpcgpu.checkpoint import CheckpointManager, CheckpointWarning
 from hpcgpu.checkpoint.layout import tile_shape
 from hpcgpu.errors import CheckpointError
 from tests.checkpoint.conftest import GLOBAL_SHAPE, make_state
-from tests.checkpoint.serial import BoxGrid, HostField
+from tests.checkpoint.serial import BoxGrid, HostField, data_offset
 
 
 def _assert_replicated_equal(found, expected):
@@ -82,7 +82,7 @@ def test_only_the_newest_k_are_kept_and_crash_debris_is_ignored(tmp_path, serial
 
 def _flip_byte_in_chunk(path, dataset_name, chunk=0, offset=100):
     with h5py.File(path, "r") as handle:
-        byte_offset = handle[dataset_name].id.get_chunk_info(chunk).byte_offset
+        byte_offset = data_offset(handle[dataset_name], chunk)
     with open(path, "r+b") as raw:
         raw.seek(byte_offset + offset)
         value = raw.read(1)
@@ -191,7 +191,7 @@ def test_a_failing_background_writer_surfaces_at_the_next_poll(tmp_path, serial_
 
     monkeypatch.setattr(manager_module, "write_rank_file", broken_writer)
     manager.save(2, fields={"h": field}, replicated=replicated)
-    manager._pending.thread.join()
+    manager._pending.written.wait()
     with pytest.raises(CheckpointError, match="No space left on device.*previous checkpoint is intact"):
         manager.poll()
     assert [p.name for p in manager.checkpoints()] == ["ckpt_000000001"]

@@ -1,0 +1,162 @@
+"""The bulk bytes of a rank file, written outside HDF5 with ``os.pwrite``.
+
+h5py holds Python's GIL for the whole of every HDF5 call, including the ``write`` system calls
+inside ``H5Dwrite``. A background checkpoint writer that pushes gigabytes through h5py therefore
+stalls the stepping thread, which launches GPU kernels from Python. Instead, the rank file is
+created by h5py with *contiguous* datasets whose storage is allocated at creation (their file
+offsets are known, nothing is written into them), the file is closed, and the array bytes go into
+those offsets with ``os.pwrite``, which releases the GIL, as does ``zlib.crc32`` over large buffers.
+The result is an ordinary HDF5 file (``h5py``, ``h5dump`` and the Virtual Datasets of the master
+file read it), written at the speed of the disk.
+
+Every checksum tile (see :mod:`hpcgpu.checkpoint.layout`) of a C-ordered array is one contiguous
+byte range, and the tiles follow each other in C order, so an array is written as a sequence of
+*slabs* (consecutive tiles, up to :data:`SLAB_BYTES`): pack the slab if the source is strided (a
+field's interior), CRC32 each of its tiles, and hand it to a second thread that ``pwrite``\\ s it
+while the next slab is packed and checksummed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from hpcgpu.checkpoint.integrity import iter_tiles, tile_slices
+
+#: Bytes handed to one ``pwrite`` (and packed at once from a strided source).
+SLAB_BYTES = 64 * 2**20
+#: dtype kinds whose NumPy bytes are exactly the bytes h5py stores (bool, integers, floats, complex).
+RAW_KINDS = "biufc"
+
+
+def raw_writable(dtype) -> bool:
+    """True if arrays of ``dtype`` can bypass HDF5 (plain numbers; no structured or string types)."""
+    dtype = np.dtype(dtype)
+    return dtype.kind in RAW_KINDS and dtype.fields is None and dtype.subdtype is None
+
+
+class Scratch:
+    """Two reusable pack buffers (double buffering); reused between saves, because first-touching
+    fresh memory costs page faults at a fraction of the copy speed."""
+
+    def __init__(self):
+        self._buffers = [np.empty(0, np.uint8), np.empty(0, np.uint8)]
+
+    def buffer(self, which: int, n_bytes: int) -> np.ndarray:
+        if self._buffers[which].size < n_bytes:
+            self._buffers[which] = np.empty(n_bytes, np.uint8)
+        return self._buffers[which][:n_bytes]
+
+
+def pwrite_all(descriptor: int, data, offset: int) -> None:
+    """Write all of ``data`` at byte ``offset`` of the open file (loops over short writes)."""
+    view = memoryview(data).cast("B")
+    while view.nbytes:
+        written = os.pwrite(descriptor, view, offset)  # may be short (Linux caps one call at ~2 GiB)
+        view, offset = view[written:], offset + written
+
+
+def _slabs(shape, tile, itemsize: int):
+    """Consecutive tiles grouped into slabs: ``(first_element, n_elements, [(tile_index, n_elements)], rows)``.
+
+    ``rows`` is the leading-axis row range of the slab when the tiles cut only axis 0 (one copy
+    packs the whole slab), else None (packed tile by tile).
+    """
+    grid = tuple(-(-n // t) for n, t in zip(shape, tile))
+    whole_rows = tuple(tile[1:]) == tuple(shape[1:])
+    row_size = math.prod(shape[1:])
+    limit = max(1, SLAB_BYTES // itemsize)
+    first, size, tiles = 0, 0, []
+    for index in iter_tiles(grid):
+        n_elements = math.prod(s.stop - s.start for s in tile_slices(index, tile, shape))
+        if tiles and size + n_elements > limit:
+            yield first, size, tiles, (first // row_size, (first + size) // row_size) if whole_rows else None
+            first, size, tiles = first + size, 0, []
+        tiles.append((index, n_elements))
+        size += n_elements
+    if tiles:
+        yield first, size, tiles, (first // row_size, (first + size) // row_size) if whole_rows else None
+
+
+def write_array(descriptor: int, offset: int, array: np.ndarray, tile, scratch: Scratch) -> np.ndarray:
+    """Write ``array`` in C order at byte ``offset`` of the open file; return its CRC32 per tile.
+
+    Parameters
+    ----------
+    descriptor : int
+        File opened for writing.
+    offset : int
+        Where the dataset's contiguous storage starts (``dataset.id.get_offset()``).
+    array : numpy.ndarray
+        Any strides; its bytes are written in C order.
+    tile : tuple of int
+        Checksum-tile shape (:func:`hpcgpu.checkpoint.layout.tile_shape`).
+
+    Returns
+    -------
+    numpy.ndarray of uint32, shape = the tile grid
+        CRC32 of exactly the bytes written for each tile.
+    """
+    shape, itemsize = array.shape, array.dtype.itemsize
+    grid = tuple(-(-n // t) for n, t in zip(shape, tile))
+    crcs = np.zeros(grid, dtype=np.uint32)
+    contiguous = array.flags.c_contiguous
+    flat = array.reshape(-1).view(np.uint8) if contiguous else None
+    slabs = list(_slabs(shape, tile, itemsize))
+    # A second thread writes slab k while this one packs and checksums slab k + 1 (both release the
+    # GIL); a single slab (the common small checkpoint) is written inline.
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-pwrite") if len(slabs) > 1 else None
+    pending = None
+    try:
+        for number, (first, size, tiles, rows) in enumerate(slabs):
+            n_bytes = size * itemsize
+            if contiguous:
+                data = flat[first * itemsize:first * itemsize + n_bytes]
+            else:
+                # Buffer ``number % 2`` was last used by slab ``number - 2``, whose write was waited
+                # for before slab ``number - 1`` was submitted.
+                data = scratch.buffer(number % 2, n_bytes)
+                if rows is not None:
+                    np.copyto(data.view(array.dtype).reshape((rows[1] - rows[0],) + shape[1:]), array[rows[0]:rows[1]])
+                else:
+                    position = 0
+                    for index, n_elements in tiles:
+                        source = array[tile_slices(index, tile, shape)]
+                        piece = data[position:position + n_elements * itemsize].view(array.dtype).reshape(source.shape)
+                        np.copyto(piece, source)
+                        position += n_elements * itemsize
+            position = 0
+            for index, n_elements in tiles:
+                crcs[index] = zlib.crc32(data[position:position + n_elements * itemsize]) & 0xFFFFFFFF
+                position += n_elements * itemsize
+            if executor is None:
+                pwrite_all(descriptor, data, offset + first * itemsize)
+                continue
+            if pending is not None:
+                pending.result()
+            pending = executor.submit(pwrite_all, descriptor, data, offset + first * itemsize)
+        if pending is not None:
+            pending.result()
+    finally:
+        if executor is not None:
+            executor.shutdown(wait=True)
+    return crcs
+
+
+def contiguous_creation_properties():
+    """HDF5 dataset-creation properties: contiguous, storage allocated at creation, never filled.
+
+    With these, creating a dataset reserves its bytes in the file (``get_offset`` is known at once)
+    and HDF5 writes nothing into them; :func:`write_array` fills them.
+    """
+    import h5py
+
+    properties = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    properties.set_layout(h5py.h5d.CONTIGUOUS)
+    properties.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    properties.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+    return properties
