@@ -52,6 +52,10 @@ def parse_arguments(argv=None):
     parser.add_argument("--steps", type=int, default=15, help="timed steps per measurement [15]")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first [3]")
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="allreduce bucket size, both frameworks [25]")
+    parser.add_argument("--nccl-channels", type=int, default=0, metavar="N",
+                        help="hpcgpu: at most N NCCL channels for its communicator (NCCL_MAX_NCHANNELS around "
+                             "its creation); 0 = NCCL's default. Measure PyTorch in a separate process then "
+                             "(NCCL may keep the setting for the whole process) [0]")
     parser.add_argument("--precisions", default="fp32,fp16", help="comma-separated [fp32,fp16]")
     parser.add_argument("--frameworks", default="hpcgpu,torch", help="comma-separated [hpcgpu,torch]")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON (rank 0)")
@@ -62,7 +66,7 @@ def parse_arguments(argv=None):
 
 # ------------------------------------------------------------------------------------------ hpcgpu
 def run_hpcgpu(comm, arch, options, precision):
-    from apps.train.distributed import DataParallel
+    from apps.train.distributed import DataParallel, create_nccl_communicator
     from apps.train.models import large_mlp
     from apps.train.trainer import LocalSync, TrainConfig, Trainer, init_train_state, train_step
 
@@ -71,6 +75,7 @@ def run_hpcgpu(comm, arch, options, precision):
                          global_batch_size=batch * comm.size, init_loss_scale=2.0**12, seed=0)
     model = large_mlp(options.inputs, options.classes, options.depth, options.width)
     trainer = Trainer(model, config)
+    create_nccl_communicator(comm, arch, options.nccl_channels)   # no-op once it exists
     sync = DataParallel(comm, arch, options.bucket_mb)
     xp = arch.xp
     state = init_train_state(trainer, xp, sync)
@@ -92,7 +97,7 @@ def run_hpcgpu(comm, arch, options, precision):
     seconds, metrics = timed(sync, options.steps)
     result = {"step_ms": 1e3 * seconds, "samples_per_second": batch * comm.size / seconds,
               "n_params": model.n_params, "final_loss": metrics.loss,
-              "applied_last_step": bool(metrics.applied)}
+              "applied_last_step": bool(metrics.applied), "nccl_channels": options.nccl_channels}
     if comm.size > 1:
         alone = sync.measure_allreduce_alone()
         stats = sync.overlap_stats()
@@ -236,7 +241,12 @@ def _main(options, comm):
     arch = hpcgpu.arch.auto(comm, backend=options.backend)
     if comm.rank == 0:
         print(f"train_ddp: {comm.size} rank(s), {arch.describe()}, model depth {options.depth} width "
-              f"{options.width}, batch {options.batch_per_gpu}/GPU, {options.steps} timed steps", flush=True)
+              f"{options.width}, batch {options.batch_per_gpu}/GPU, {options.steps} timed steps, "
+              f"hpcgpu NCCL channels {options.nccl_channels or 'default'}", flush=True)
+        if options.nccl_channels and comm.size > 1 and "torch" in options.frameworks.split(","):
+            print("  note: --nccl-channels with PyTorch in the same process; NCCL may apply the limit to "
+                  "PyTorch's communicator too -- run --frameworks torch separately for a clean baseline",
+                  flush=True)
     results = []
     for precision in options.precisions.split(","):
         for framework in options.frameworks.split(","):

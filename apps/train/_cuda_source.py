@@ -34,6 +34,29 @@ __device__ __forceinline__ void store_math(unsigned short* values, long long i, 
 __device__ __forceinline__ void store_math(float* values, long long i, float value) { values[i] = value; }
 __device__ __forceinline__ void store_math(double* values, long long i, double value) { values[i] = value; }
 
+// value rounded to the precision of storage type S and back (what storing and reloading
+// would give): the fused "+ bias" of a following kernel matches the separate bias pass.
+__device__ __forceinline__ float round_to_storage(const unsigned short*, float value) {
+    unsigned short bits;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));
+    float result;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(result) : "h"(bits));
+    return result;
+}
+__device__ __forceinline__ float round_to_storage(const float*, float value) { return value; }
+__device__ __forceinline__ double round_to_storage(const double*, double value) { return value; }
+
+// x[i] + bias[column] (when bias is not null) in the arithmetic type, rounded like storage
+template <typename S>
+__device__ __forceinline__ typename MathType<S>::type load_biased(
+        const S* x, const S* bias, long long i, long long column) {
+    typename MathType<S>::type value = load_math(x, i);
+    if (bias != nullptr) {
+        value = round_to_storage(x, value + load_math(bias, column));
+    }
+    return value;
+}
+
 __device__ __forceinline__ float math_sqrt(float value) { return sqrtf(value); }
 __device__ __forceinline__ double math_sqrt(double value) { return sqrt(value); }
 

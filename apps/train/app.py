@@ -89,6 +89,11 @@ def build_parser(rank: int = 0):
     par.add_argument("--zero", type=int, choices=(0, 1), default=0,
                      help="1: shard the optimiser state (reduce-scatter + all-gather) [0]")
     par.add_argument("--bucket-mb", type=float, default=25.0, help="gradient allreduce bucket size in MB [25]")
+    par.add_argument("--nccl-channels", type=non_negative_int, default=0, metavar="N",
+                     help="GPU: at most N NCCL channels (thread blocks) for the gradient collectives; few "
+                          "channels keep the allreduce from slowing the backward GEMMs it overlaps, at "
+                          "lower allreduce bandwidth. 0 = NCCL's default; NCCL_MAX_NCHANNELS in the "
+                          "environment wins [0]")
     par.add_argument("--blas-threads", type=non_negative_int, default=0, metavar="N",
                      help="CPU: BLAS threads per rank (0: 1 for mlp/cnn, cores per rank otherwise) [0]")
     out = parser.add_argument_group("evaluation and output")
@@ -227,7 +232,7 @@ def run(options, comm) -> dict:
                                  "training samples; use a smaller global batch")
     model = build_model(options, data.source.sample_shape, data.n_classes)
     trainer = Trainer(model, train_config(options))
-    sync = make_sync(comm, arch, options.zero, options.bucket_mb)
+    sync = make_sync(comm, arch, options.zero, options.bucket_mb, options.nccl_channels)
     state = init_train_state(trainer, arch.xp, sync)
     output = Path(options.output)
     loud = comm.rank == 0 and not options.quiet

@@ -35,6 +35,7 @@ On a GPU the busy time of the communication stream (sum over buckets of
 ``done - start``) is reported too.
 """
 
+import os
 import time
 
 import numpy as np
@@ -380,8 +381,52 @@ def _to_device(like, host):
     return cupy.asarray(host, dtype=like.dtype)
 
 
-def make_sync(comm, arch, zero_stage=0, bucket_mb=DEFAULT_BUCKET_MB):
-    """The gradient synchroniser for ``zero_stage`` 0 (:class:`DataParallel`) or 1 (ZeRO-1)."""
+def create_nccl_communicator(comm, arch, n_channels=0):
+    """Collective: create this job's NCCL communicator now, with at most ``n_channels`` channels.
+
+    NCCL runs each collective as one thread block per *channel*; by default it takes
+    as many as the links can use, and those blocks occupy SMs that the backward GEMMs
+    running beside the bucket allreduces would otherwise use. Few channels lower the
+    allreduce bandwidth but leave the compute kernels alone -- a win while the
+    allreduce is hidden behind backward anyway. ``NCCL_MAX_NCHANNELS`` is read when a
+    communicator is created, so it is set just around the creation and restored
+    afterwards (NCCL may still keep the value for later communicators of this
+    process: another library's, e.g. PyTorch's, should be measured in its own process).
+
+    Parameters
+    ----------
+    n_channels : int
+        0 (default) keeps NCCL's choice; an ``NCCL_MAX_NCHANNELS`` already in the
+        environment wins over it. No effect on CPUs, on one rank, or once the
+        communicator exists.
+
+    Returns
+    -------
+    bool
+        True when the limit was applied to a new communicator.
+    """
+    if n_channels < 0:
+        raise ValueError(f"NCCL channels: expected >= 0 (0 = NCCL's default), found {n_channels}")
+    if (not n_channels or comm.size == 1 or not getattr(arch, "is_gpu", False)
+            or "NCCL_MAX_NCHANNELS" in os.environ or comm.__dict__.get("_nccl") is not None):
+        return False
+    from hpcgpu.transport.nccl import nccl_communicator
+
+    os.environ["NCCL_MAX_NCHANNELS"] = str(int(n_channels))
+    try:
+        nccl_communicator(comm)
+    finally:
+        del os.environ["NCCL_MAX_NCHANNELS"]
+    return True
+
+
+def make_sync(comm, arch, zero_stage=0, bucket_mb=DEFAULT_BUCKET_MB, nccl_channels=0):
+    """The gradient synchroniser for ``zero_stage`` 0 (:class:`DataParallel`) or 1 (ZeRO-1).
+
+    ``nccl_channels > 0`` creates the NCCL communicator first with that channel limit
+    (see :func:`create_nccl_communicator`).
+    """
+    create_nccl_communicator(comm, arch, nccl_channels)
     if zero_stage == 0:
         return DataParallel(comm, arch, bucket_mb)
     if zero_stage == 1:

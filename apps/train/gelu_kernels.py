@@ -8,12 +8,17 @@
 
 (Hendrycks & Gimpel 2016; PyTorch's ``GELU(approximate="tanh")``.)
 
-GPU: one fused CuPy ElementwiseKernel per direction -- one read of ``x`` (and of
-the incoming gradient) and one write, with the arithmetic in float32 for float16
-and float32 data (float64 for float64), instead of the ~10 array expressions
-(each a full pass over memory, several with float16 rounding in between) of the
-NumPy formulation. CPU: the NumPy expressions, which are also the reference of
-the GPU parity tests.
+Both take an optional ``bias`` over the last axis that is added to ``x`` first
+(``gelu(x + bias)``, the sum rounded to the storage dtype): a preceding Linear
+layer leaves its bias to this kernel instead of a separate pass over its output
+(:class:`apps.train.layers.Linear`, ``defer_bias``); backward recomputes the sum.
+
+GPU: one fused RawKernel per direction -- one read of ``x`` (and of the incoming
+gradient) and one write, 16-byte vector loads and stores (4 float32 / 8 float16
+per access) when the buffers are aligned, arithmetic in float32 for float16 and
+float32 data (float64 for float64), instead of the ~10 array expressions (each a
+full pass over memory) of the NumPy formulation. CPU: the NumPy expressions, which
+are also the reference of the GPU parity tests.
 """
 
 import functools
@@ -21,28 +26,34 @@ import functools
 import numpy as np
 
 from ._backend import array_module, check_float_array, is_cupy
+from ._cuda_source import CUDA_HELPERS, STORAGE_TYPES
 
 SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
 GELU_CUBIC = 0.044715
 
 
-def gelu_forward(x):
-    """``gelu(x)`` elementwise; returns a new array with the shape and dtype of ``x``.
+def gelu_forward(x, bias=None):
+    """``gelu(x + bias)`` elementwise; returns a new array with the shape and dtype of ``x``.
 
     Parameters
     ----------
     x : ndarray of float16, float32 or float64 (NumPy or CuPy)
+    bias : ndarray, shape (x.shape[-1],), dtype of ``x``, optional
+        Added along the last axis before the activation.
     """
     check_float_array(x, "gelu_forward: x")
+    _check_bias(x, bias, "gelu_forward")
     if is_cupy(x):
-        return _forward_kernel()(x)
+        return _gelu_cupy(x, None, bias)
     xp = array_module(x)
+    if bias is not None:
+        x = x + bias
     inner = SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x)
     return (0.5 * x * (1.0 + xp.tanh(inner))).astype(x.dtype, copy=False)
 
 
-def gelu_backward(x, grad_out):
-    """``grad_out * gelu'(x)``; returns a new array with the dtype of ``grad_out``.
+def gelu_backward(x, grad_out, bias=None):
+    """``grad_out * gelu'(x + bias)``; returns a new array with the dtype of ``grad_out``.
 
     Parameters
     ----------
@@ -50,9 +61,13 @@ def gelu_backward(x, grad_out):
         The forward input.
     grad_out : ndarray, shape of ``x``
         Gradient with respect to the output.
+    bias : ndarray, optional
+        The forward's ``bias`` (the gradient with respect to ``x`` and to ``x + bias``
+        is the same; the bias gradient is the caller's column sum of it).
     """
     check_float_array(x, "gelu_backward: x")
     check_float_array(grad_out, "gelu_backward: grad_out")
+    _check_bias(x, bias, "gelu_backward")
     if grad_out.shape != x.shape:
         raise ValueError(
             f"gelu_backward: grad_out has shape {tuple(grad_out.shape)}, expected the "
@@ -61,53 +76,137 @@ def gelu_backward(x, grad_out):
     if is_cupy(x) != is_cupy(grad_out):
         raise TypeError("gelu_backward: x and grad_out must be on the same backend")
     if is_cupy(x):
-        return _backward_kernel()(x, grad_out)
+        if grad_out.dtype != x.dtype:
+            return _gelu_cupy(x, grad_out.astype(x.dtype), bias).astype(grad_out.dtype)
+        return _gelu_cupy(x, grad_out, bias)
     xp = array_module(grad_out)
+    if bias is not None:
+        x = x + bias
     tanh_inner = xp.tanh(SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x))
     d_inner = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * x * x)
     derivative = 0.5 * (1.0 + tanh_inner) + 0.5 * x * (1.0 - tanh_inner * tanh_inner) * d_inner
     return (grad_out * derivative).astype(grad_out.dtype, copy=False)
 
 
+def _check_bias(x, bias, function_name):
+    if bias is None:
+        return
+    check_float_array(bias, f"{function_name}: bias", ndim=1)
+    if x.ndim < 1 or bias.shape != (x.shape[-1],) or bias.dtype != x.dtype:
+        raise ValueError(
+            f"{function_name}: bias must have shape ({x.shape[-1] if x.ndim else '?'},) and "
+            f"dtype {x.dtype} (the last axis of x), found {bias.dtype}{tuple(bias.shape)}"
+        )
+    if is_cupy(bias) != is_cupy(x):
+        raise TypeError(f"{function_name}: bias is on a different backend than x")
+
+
 # ----------------------------------------------------------------- GPU (CuPy) --
 
-# M: the arithmetic type -- float for float16/float32 storage, double for float64.
-_PREAMBLE = r"""
-template <typename Storage> struct hpcgpu_gelu_math { typedef float type; };
-template <> struct hpcgpu_gelu_math<double> { typedef double type; };
-__device__ __forceinline__ float hpcgpu_gelu_tanh(float value) { return tanhf(value); }
-__device__ __forceinline__ double hpcgpu_gelu_tanh(double value) { return tanh(value); }
-"""
+_GELU_SOURCE = CUDA_HELPERS + r"""
+__device__ __forceinline__ float math_tanh(float value) { return tanhf(value); }
+__device__ __forceinline__ double math_tanh(double value) { return tanh(value); }
 
-_FORWARD_BODY = r"""
-    typedef hpcgpu_gelu_math<T>::type M;
-    const M v = (M)x;
+template <typename M>
+__device__ __forceinline__ M gelu_value(M v) {
     const M inner = (M)0.7978845608028654 * (v + (M)0.044715 * v * v * v);
-    y = (T)((M)0.5 * v * ((M)1 + hpcgpu_gelu_tanh(inner)));
-"""
+    return (M)0.5 * v * ((M)1 + math_tanh(inner));
+}
 
-_BACKWARD_BODY = r"""
-    typedef hpcgpu_gelu_math<T>::type M;
-    const M v = (M)x;
-    const M t = hpcgpu_gelu_tanh((M)0.7978845608028654 * (v + (M)0.044715 * v * v * v));
+template <typename M>
+__device__ __forceinline__ M gelu_derivative(M v) {
+    const M t = math_tanh((M)0.7978845608028654 * (v + (M)0.044715 * v * v * v));
     const M d_inner = (M)0.7978845608028654 * ((M)1 + (M)0.134145 * v * v);
-    const M derivative = (M)0.5 * ((M)1 + t) + (M)0.5 * v * ((M)1 - t * t) * d_inner;
-    grad_in = (G)((M)grad_out * derivative);
+    return (M)0.5 * ((M)1 + t) + (M)0.5 * v * ((M)1 - t * t) * d_inner;
+}
+
+template <typename S, int VEC>
+struct __align__(sizeof(S) * VEC) Pack { S value[VEC]; };
+
+// out = gelu(x + bias) (grad_out null) or grad_out * gelu'(x + bias). Each thread handles
+// packs of VEC consecutive elements (one 16-byte access per array when VEC > 1: the host
+// picks VEC = 1 unless the pointers are 16-byte aligned and n_cols is a multiple of VEC,
+// so a pack never straddles two rows); the n % VEC tail goes element by element.
+template <typename S, int VEC>
+__global__ void hpcgpu_train_gelu(const S* x, const S* grad_out, const S* bias, S* out,
+                                  long long n, long long n_cols) {
+    typedef typename MathType<S>::type M;
+    const long long n_packs = n / VEC;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (long long pack = first; pack < n_packs; pack += stride) {
+        const Pack<S, VEC> x_pack = reinterpret_cast<const Pack<S, VEC>*>(x)[pack];
+        Pack<S, VEC> g_pack;
+        if (grad_out != nullptr) {
+            g_pack = reinterpret_cast<const Pack<S, VEC>*>(grad_out)[pack];
+        }
+        Pack<S, VEC> result;
+        const long long column = (pack * VEC) % n_cols;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            const M v = load_biased(x_pack.value, bias, k, column + k);
+            const M r = grad_out != nullptr ? load_math(g_pack.value, k) * gelu_derivative(v)
+                                            : gelu_value(v);
+            store_math(result.value, k, r);
+        }
+        reinterpret_cast<Pack<S, VEC>*>(out)[pack] = result;
+    }
+    for (long long i = n_packs * VEC + first; i < n; i += stride) {
+        const M v = load_biased(x, bias, i, i % n_cols);
+        const M r = grad_out != nullptr ? load_math(grad_out, i) * gelu_derivative(v)
+                                        : gelu_value(v);
+        store_math(out, i, r);
+    }
+}
 """
 
+#: Elements per 16-byte access of each storage dtype.
+_VECTOR_WIDTH = {"float16": 8, "float32": 4, "float64": 2}
+_THREADS = 256
+
+
+def _name_expressions():
+    return [f"hpcgpu_train_gelu<{STORAGE_TYPES[name]}, {width}>"
+            for name, vector in _VECTOR_WIDTH.items() for width in (1, vector)]
+
 
 @functools.lru_cache(maxsize=None)
-def _forward_kernel():
+def _module():
     import cupy
 
-    return cupy.ElementwiseKernel("T x", "T y", _FORWARD_BODY, "hpcgpu_train_gelu_forward",
-                                  preamble=_PREAMBLE)
+    return cupy.RawModule(code=_GELU_SOURCE, name_expressions=_name_expressions())
 
 
-@functools.lru_cache(maxsize=None)
-def _backward_kernel():
+@functools.lru_cache(maxsize=4)
+def _max_blocks(device_id):
     import cupy
 
-    # the arithmetic type follows x; the result has the dtype of grad_out
-    return cupy.ElementwiseKernel("T x, G grad_out", "G grad_in", _BACKWARD_BODY,
-                                  "hpcgpu_train_gelu_backward", preamble=_PREAMBLE)
+    return 16 * cupy.cuda.Device(device_id).attributes["MultiProcessorCount"]
+
+
+def _gelu_cupy(x, grad_out, bias):
+    import cupy
+
+    x = cupy.ascontiguousarray(x)
+    out = cupy.empty_like(x if grad_out is None else grad_out)
+    n = int(x.size)
+    if n == 0:
+        return out
+    n_cols = int(x.shape[-1]) if x.ndim else 1
+    if grad_out is not None:
+        grad_out = cupy.ascontiguousarray(grad_out)
+    if bias is not None:
+        bias = cupy.ascontiguousarray(bias)
+    arrays = [a for a in (x, grad_out, bias, out) if a is not None]
+    width = _VECTOR_WIDTH[x.dtype.name]
+    if any(a.data.ptr % 16 for a in arrays) or (bias is not None and n_cols % width):
+        width = 1
+    kernel = _module().get_function(f"hpcgpu_train_gelu<{STORAGE_TYPES[x.dtype.name]}, {width}>")
+    n_threads_needed = max(1, n // width)
+    n_blocks = int(min((n_threads_needed + _THREADS - 1) // _THREADS,
+                       _max_blocks(cupy.cuda.Device().id)))
+    null = np.uintp(0)
+    kernel((n_blocks,), (_THREADS,),
+           (x, null if grad_out is None else grad_out, null if bias is None else bias, out,
+            np.int64(n), np.int64(max(1, n_cols))))
+    return out

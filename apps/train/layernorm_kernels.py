@@ -13,7 +13,9 @@ and for ``g = grad_y * weight``::
 
 Forward saves ``mean`` and ``inverse_std`` (one value per row); backward recomputes
 ``x_hat`` from the input instead of storing it (one read of ``x`` is cheaper than
-writing and re-reading a float32 copy).
+writing and re-reading a float32 copy). An optional ``input_bias`` is added to
+``x`` on the fly in both directions (the bias of a preceding Linear layer, which
+then skips its own pass over the output).
 
 GPU: one CUDA block per row for the forward pass and for ``grad_x`` (warp-shuffle
 reductions, statistics in float32 -- float64 for float64 data), and a two-stage,
@@ -34,7 +36,7 @@ from ._cuda_source import CUDA_HELPERS, STORAGE_TYPES, math_dtype
 ROWS_PER_CHUNK = 64
 
 
-def layer_norm_forward(x, weight, bias, eps):
+def layer_norm_forward(x, weight, bias, eps, input_bias=None):
     """Normalise the last axis of ``x``, then scale by ``weight`` and shift by ``bias``.
 
     Parameters
@@ -45,6 +47,9 @@ def layer_norm_forward(x, weight, bias, eps):
         Same backend and dtype as ``x``.
     eps : float
         Added to the variance.
+    input_bias : ndarray, shape (n_features,), optional
+        Added to ``x`` first (rounded to its dtype): the bias of a preceding Linear
+        layer, folded in here instead of a separate pass over its output.
 
     Returns
     -------
@@ -54,9 +59,12 @@ def layer_norm_forward(x, weight, bias, eps):
         :func:`layer_norm_backward`.
     """
     _check(x, weight, bias, "layer_norm_forward")
+    _check_input_bias(x, input_bias, "layer_norm_forward")
     if is_cupy(x):
-        return _forward_cupy(x, weight, bias, float(eps))
+        return _forward_cupy(x, weight, bias, float(eps), input_bias)
     xp = array_module(x)
+    if input_bias is not None:
+        x = x + input_bias
     work = x.astype(xp.float32) if x.dtype == xp.float16 else x
     mean = work.mean(axis=-1, keepdims=True)
     centred = work - mean
@@ -67,7 +75,8 @@ def layer_norm_forward(x, weight, bias, eps):
     return y.astype(x.dtype, copy=False), mean, inverse_std
 
 
-def layer_norm_backward(grad_out, x, mean, inverse_std, weight, grad_weight, grad_bias):
+def layer_norm_backward(grad_out, x, mean, inverse_std, weight, grad_weight, grad_bias,
+                        input_bias=None):
     """Gradient of :func:`layer_norm_forward`; ADDS the parameter gradients.
 
     Parameters
@@ -79,6 +88,9 @@ def layer_norm_backward(grad_out, x, mean, inverse_std, weight, grad_weight, gra
     weight : ndarray, shape (n_features,)
     grad_weight, grad_bias : ndarray, shape (n_features,)
         Gradient views, updated in place (``+=``).
+    input_bias : ndarray, optional
+        The forward's ``input_bias`` (the returned gradient is also the one with
+        respect to ``x + input_bias``).
 
     Returns
     -------
@@ -92,9 +104,13 @@ def layer_norm_backward(grad_out, x, mean, inverse_std, weight, grad_weight, gra
             f"{tuple(x.shape)}, grad_bias {tuple(grad_bias.shape)} must match grad_weight "
             f"{tuple(grad_weight.shape)}"
         )
+    _check_input_bias(x, input_bias, "layer_norm_backward")
     if is_cupy(x) and grad_out.dtype == x.dtype and grad_bias.dtype == x.dtype:
-        return _backward_cupy(grad_out, x, mean, inverse_std, weight, grad_weight, grad_bias)
+        return _backward_cupy(grad_out, x, mean, inverse_std, weight, grad_weight, grad_bias,
+                              input_bias)
     xp = array_module(x)
+    if input_bias is not None:
+        x = x + input_bias
     work = x.astype(xp.float32) if x.dtype == xp.float16 else x
     normalised = (work - mean) * inverse_std    # bitwise the forward's x_hat
     work_grad = grad_out.astype(normalised.dtype, copy=False)
@@ -109,6 +125,19 @@ def layer_norm_backward(grad_out, x, mean, inverse_std, weight, grad_weight, gra
         - normalised * (grad_normalised * normalised).mean(axis=-1, keepdims=True)
     )
     return grad_input.astype(grad_out.dtype, copy=False)
+
+
+def _check_input_bias(x, input_bias, function_name):
+    if input_bias is None:
+        return
+    check_float_array(input_bias, f"{function_name}: input_bias", ndim=1)
+    if input_bias.shape != (x.shape[-1],) or input_bias.dtype != x.dtype:
+        raise ValueError(
+            f"{function_name}: input_bias must have shape ({x.shape[-1]},) and dtype {x.dtype}, "
+            f"found {input_bias.dtype}{tuple(input_bias.shape)}"
+        )
+    if is_cupy(input_bias) != is_cupy(x):
+        raise TypeError(f"{function_name}: input_bias is on a different backend than x")
 
 
 def _check(x, weight, other, function_name):
@@ -132,7 +161,7 @@ def _check(x, weight, other, function_name):
 _LAYER_NORM_SOURCE = CUDA_HELPERS + r"""
 template <typename S>
 __global__ void hpcgpu_train_layer_norm_forward(
-        const S* x, const S* weight, const S* bias, S* y,
+        const S* x, const S* input_bias, const S* weight, const S* bias, S* y,
         typename MathType<S>::type* mean_out, typename MathType<S>::type* inverse_std_out,
         int n_cols, double eps) {
     typedef typename MathType<S>::type M;
@@ -140,19 +169,19 @@ __global__ void hpcgpu_train_layer_norm_forward(
     const long long offset = (long long)blockIdx.x * n_cols;
     M sum = 0;
     for (int j = threadIdx.x; j < n_cols; j += blockDim.x) {
-        sum += load_math(x, offset + j);
+        sum += load_biased(x, input_bias, offset + j, j);
     }
     const M mean = block_sum(sum, scratch) / (M)n_cols;
     // second pass over the row (from L1/L2): the two-pass variance does not cancel
     M squares = 0;
     for (int j = threadIdx.x; j < n_cols; j += blockDim.x) {
-        const M centred = load_math(x, offset + j) - mean;
+        const M centred = load_biased(x, input_bias, offset + j, j) - mean;
         squares += centred * centred;
     }
     const M variance = block_sum(squares, scratch) / (M)n_cols;
     const M inverse_std = (M)1 / math_sqrt(variance + (M)eps);
     for (int j = threadIdx.x; j < n_cols; j += blockDim.x) {
-        const M normalised = (load_math(x, offset + j) - mean) * inverse_std;
+        const M normalised = (load_biased(x, input_bias, offset + j, j) - mean) * inverse_std;
         store_math(y, offset + j, normalised * load_math(weight, j) + load_math(bias, j));
     }
     if (threadIdx.x == 0) {
@@ -163,7 +192,7 @@ __global__ void hpcgpu_train_layer_norm_forward(
 
 template <typename S>
 __global__ void hpcgpu_train_layer_norm_backward_input(
-        const S* grad_out, const S* x, const S* weight,
+        const S* grad_out, const S* x, const S* input_bias, const S* weight,
         const typename MathType<S>::type* mean, const typename MathType<S>::type* inverse_std,
         S* grad_input, int n_cols) {
     typedef typename MathType<S>::type M;
@@ -174,7 +203,7 @@ __global__ void hpcgpu_train_layer_norm_backward_input(
     M sum_g = 0;
     M sum_g_xhat = 0;
     for (int j = threadIdx.x; j < n_cols; j += blockDim.x) {
-        const M x_hat = (load_math(x, offset + j) - row_mean) * row_inverse_std;
+        const M x_hat = (load_biased(x, input_bias, offset + j, j) - row_mean) * row_inverse_std;
         const M g = load_math(grad_out, offset + j) * load_math(weight, j);
         sum_g += g;
         sum_g_xhat += g * x_hat;
@@ -182,7 +211,7 @@ __global__ void hpcgpu_train_layer_norm_backward_input(
     const M mean_g = block_sum(sum_g, scratch) / (M)n_cols;
     const M mean_g_xhat = block_sum(sum_g_xhat, scratch) / (M)n_cols;
     for (int j = threadIdx.x; j < n_cols; j += blockDim.x) {
-        const M x_hat = (load_math(x, offset + j) - row_mean) * row_inverse_std;
+        const M x_hat = (load_biased(x, input_bias, offset + j, j) - row_mean) * row_inverse_std;
         const M g = load_math(grad_out, offset + j) * load_math(weight, j);
         store_math(grad_input, offset + j, row_inverse_std * (g - mean_g - x_hat * mean_g_xhat));
     }
@@ -192,7 +221,7 @@ __global__ void hpcgpu_train_layer_norm_backward_input(
 // rows; threadIdx.y strides over the chunk's rows, then the 8 row lanes are summed in order.
 template <typename S>
 __global__ void hpcgpu_train_layer_norm_backward_params_partial(
-        const S* grad_out, const S* x,
+        const S* grad_out, const S* x, const S* input_bias,
         const typename MathType<S>::type* mean, const typename MathType<S>::type* inverse_std,
         typename MathType<S>::type* partial_weight, typename MathType<S>::type* partial_bias,
         long long n_rows, int n_cols, int rows_per_chunk) {
@@ -211,7 +240,7 @@ __global__ void hpcgpu_train_layer_norm_backward_params_partial(
         for (long long row = row_start + threadIdx.y; row < row_end; row += 8) {
             const long long index = row * n_cols + column;
             const M g = load_math(grad_out, index);
-            const M x_hat = (load_math(x, index) - mean[row]) * inverse_std[row];
+            const M x_hat = (load_biased(x, input_bias, index, column) - mean[row]) * inverse_std[row];
             sum_weight += g * x_hat;
             sum_bias += g;
         }
@@ -276,7 +305,16 @@ def _row_block_size(n_cols):
     return int(min(256, 32 * ((n_cols + 31) // 32)))
 
 
-def _forward_cupy(x, weight, bias, eps):
+def _device_bias(input_bias, dtype):
+    """The kernel argument for an optional input bias (a null pointer when absent)."""
+    import cupy
+
+    if input_bias is None:
+        return np.uintp(0)
+    return cupy.ascontiguousarray(input_bias, dtype=dtype)
+
+
+def _forward_cupy(x, weight, bias, eps, input_bias=None):
     import cupy
 
     x_2d = cupy.ascontiguousarray(x).reshape(-1, x.shape[-1])
@@ -288,14 +326,14 @@ def _forward_cupy(x, weight, bias, eps):
     if n_rows and n_cols:
         _kernel("hpcgpu_train_layer_norm_forward", x.dtype)(
             (n_rows,), (_row_block_size(n_cols),),
-            (x_2d, cupy.ascontiguousarray(weight, dtype=x.dtype),
+            (x_2d, _device_bias(input_bias, x.dtype), cupy.ascontiguousarray(weight, dtype=x.dtype),
              cupy.ascontiguousarray(bias, dtype=x.dtype), y, mean, inverse_std,
              np.int32(n_cols), np.float64(eps)))
     statistics_shape = tuple(x.shape[:-1]) + (1,)
     return y.reshape(x.shape), mean.reshape(statistics_shape), inverse_std.reshape(statistics_shape)
 
 
-def _backward_cupy(grad_out, x, mean, inverse_std, weight, grad_weight, grad_bias):
+def _backward_cupy(grad_out, x, mean, inverse_std, weight, grad_weight, grad_bias, input_bias=None):
     import cupy
 
     n_cols = x.shape[-1]
@@ -306,12 +344,14 @@ def _backward_cupy(grad_out, x, mean, inverse_std, weight, grad_weight, grad_bia
     mean_1d = cupy.ascontiguousarray(mean, dtype=statistics_dtype).reshape(-1)
     inverse_std_1d = cupy.ascontiguousarray(inverse_std, dtype=statistics_dtype).reshape(-1)
     weight = cupy.ascontiguousarray(weight, dtype=x.dtype)
+    input_bias = _device_bias(input_bias, x.dtype)
     grad_input = cupy.empty_like(grad_2d)
     if n_rows == 0 or n_cols == 0:
         return grad_input.reshape(grad_out.shape)
     _kernel("hpcgpu_train_layer_norm_backward_input", x.dtype)(
         (n_rows,), (_row_block_size(n_cols),),
-        (grad_2d, x_2d, weight, mean_1d, inverse_std_1d, grad_input, np.int32(n_cols)))
+        (grad_2d, x_2d, input_bias, weight, mean_1d, inverse_std_1d, grad_input,
+         np.int32(n_cols)))
     # at most 65535 chunks (the grid's y limit); 64 rows each up to 4M rows
     rows_per_chunk = max(ROWS_PER_CHUNK, -(-n_rows // 65535))
     n_chunks = (n_rows + rows_per_chunk - 1) // rows_per_chunk
@@ -319,7 +359,7 @@ def _backward_cupy(grad_out, x, mean, inverse_std, weight, grad_weight, grad_bia
     partial_bias = cupy.empty((n_chunks, n_cols), dtype=statistics_dtype)
     _kernel("hpcgpu_train_layer_norm_backward_params_partial", x.dtype)(
         ((n_cols + 31) // 32, n_chunks), (32, 8),
-        (grad_2d, x_2d, mean_1d, inverse_std_1d, partial_weight, partial_bias,
+        (grad_2d, x_2d, input_bias, mean_1d, inverse_std_1d, partial_weight, partial_bias,
          np.int64(n_rows), np.int32(n_cols), np.int32(rows_per_chunk)))
     if not (grad_weight.flags.c_contiguous and grad_bias.flags.c_contiguous):
         raise ValueError("layer_norm_backward: grad_weight and grad_bias must be contiguous views")

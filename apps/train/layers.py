@@ -141,6 +141,12 @@ class Linear(Layer):
     Parameters: ``weight`` (out_features, in_features), ``bias`` (out_features),
     both initialised ``U(-1/sqrt(in_features), 1/sqrt(in_features))`` (PyTorch's
     default). Input shape (..., in_features), output (..., out_features).
+
+    ``defer_bias`` (set by :class:`apps.train.sequential.Sequential` when the next
+    layer is a :class:`LayerNorm` or :class:`GELU`): forward returns ``x @ weight.T``
+    and leaves the bias in ``deferred_bias`` for the next layer's kernel to add on
+    the fly -- one pass over the output less. The gradients are unchanged (the
+    gradient with respect to ``y`` and to ``y - bias`` is the same).
     """
 
     def __init__(self, in_features, out_features, bias=True):
@@ -148,6 +154,8 @@ class Linear(Layer):
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.use_bias = bool(bias)
+        self.defer_bias = False
+        self.deferred_bias = None
 
     def param_specs(self):
         specs = [ParamSpec("weight", (self.out_features, self.in_features),
@@ -172,8 +180,13 @@ class Linear(Layer):
             y = array_module(x).empty((x_2d.shape[0], self.out_features), dtype=x.dtype)
             gemm(x_2d, weight, y, transpose_b=True)
             y = y.reshape(tuple(x.shape[:-1]) + (self.out_features,))
+        self.deferred_bias = None
         if self.use_bias:
-            y += self.params["bias"]
+            bias = self.params["bias"]
+            if self.defer_bias and y.dtype == bias.dtype:
+                self.deferred_bias = bias
+            else:
+                y += bias
         return y
 
     def backward(self, grad_out, need_input_grad=True):
@@ -231,12 +244,17 @@ class GELU(Layer):
     differs from the exact erf form by < 1e-3 and needs no erf on either backend.
     """
 
+    def __init__(self):
+        super().__init__()
+        self.bias_source = None   # a Linear whose deferred bias this layer adds
+
     def forward(self, x, ctx):
         self._saved_input = x
-        return gelu_forward(x)
+        self._saved_input_bias = _input_bias(self.bias_source)
+        return gelu_forward(x, self._saved_input_bias)
 
     def backward(self, grad_out):
-        return gelu_backward(self._saved_input, grad_out)
+        return gelu_backward(self._saved_input, grad_out, self._saved_input_bias)
 
 
 class LayerNorm(Layer):
@@ -251,6 +269,7 @@ class LayerNorm(Layer):
         super().__init__()
         self.normalized_size = int(normalized_size)
         self.eps = float(eps)
+        self.bias_source = None   # a Linear whose deferred bias this layer adds
 
     def param_specs(self):
         return [ParamSpec("weight", (self.normalized_size,), "ones"),
@@ -262,9 +281,11 @@ class LayerNorm(Layer):
                 f"{self.name}: expected input with last axis {self.normalized_size}, "
                 f"found shape {tuple(x.shape)}"
             )
+        input_bias = _input_bias(self.bias_source)
         y, mean, inverse_std = layer_norm_forward(x, self.params["weight"], self.params["bias"],
-                                                  self.eps)
+                                                  self.eps, input_bias)
         self._saved_input = x
+        self._saved_input_bias = input_bias
         self._saved_mean = mean
         self._saved_inverse_std = inverse_std
         return y
@@ -272,7 +293,17 @@ class LayerNorm(Layer):
     def backward(self, grad_out):
         return layer_norm_backward(grad_out, self._saved_input, self._saved_mean,
                                    self._saved_inverse_std, self.params["weight"],
-                                   self.grads["weight"], self.grads["bias"])
+                                   self.grads["weight"], self.grads["bias"],
+                                   self._saved_input_bias)
+
+
+def _input_bias(bias_source):
+    """The bias a preceding Linear left to this layer in its last forward (or None)."""
+    return None if bias_source is None else bias_source.deferred_bias
+
+
+#: Layers whose kernels add a preceding Linear's bias on the fly.
+BIAS_FOLDING_LAYERS = (LayerNorm, GELU)
 
 
 class Dropout(Layer):

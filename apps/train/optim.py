@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from .buffer_kernels import sum_of_squares
-from .optim_kernels import adamw_update, sgd_update
+from .optim_kernels import adamw_update, adamw_update_mixed, sgd_update
 
 
 class SGD:
@@ -95,6 +95,18 @@ class AdamW:
                      beta1=self.beta1, beta2=self.beta2, eps=self.eps,
                      weight_decay=self.weight_decay, step=int(state["step"]),
                      grad_scale=grad_scale)
+
+    def step_mixed(self, master_params, compute_grads, state, lr, inverse_loss_scale,
+                   compute_params, grad_scale=1.0):
+        """Mixed precision in one pass: unscale the float16 ``compute_grads``, update the
+        float32 ``master_params`` and write their float16 copy into ``compute_params``
+        (see :func:`apps.train.optim_kernels.adamw_update_mixed`); returns None."""
+        state["step"] = np.asarray(int(state["step"]) + 1, dtype=np.int64)
+        adamw_update_mixed(master_params, compute_grads, state["exp_avg"], state["exp_avg_sq"],
+                           compute_params, lr=lr, beta1=self.beta1, beta2=self.beta2,
+                           eps=self.eps, weight_decay=self.weight_decay,
+                           step=int(state["step"]), inverse_loss_scale=inverse_loss_scale,
+                           grad_scale=grad_scale)
 
 
 def make_optimizer(name, weight_decay=0.0, momentum=0.9, betas=(0.9, 0.999), eps=1e-8,

@@ -16,6 +16,7 @@ import numba
 import numpy as np
 
 from ._backend import cpu_threads_for, is_cupy
+from ._cuda_source import CUDA_HELPERS, STORAGE_TYPES
 
 
 def _check_flat(arrays, function_name):
@@ -51,26 +52,85 @@ def adamw_update(params, grads, exp_avg, exp_avg_sq, *, lr, beta1, beta2, eps,
                       / (sqrt(exp_avg_sq) / sqrt(1 - beta2**t) + eps)
 
     (PyTorch's ``torch.optim.AdamW``). All arrays are 1-D, same length, dtype
-    and backend. Returns None.
+    and backend. Arithmetic: GPU in the buffer dtype (float32 for float32
+    buffers, as PyTorch's fused AdamW; float64 for float64); CPU in float64 (the
+    reference). Returns None.
     """
     _check_flat([("params", params), ("grads", grads), ("exp_avg", exp_avg),
                  ("exp_avg_sq", exp_avg_sq)], "adamw_update")
-    if step < 1:
-        raise ValueError(f"adamw_update: expected step >= 1 (1-based count), found {step}")
-    bias_correction1 = 1.0 - beta1 ** step
-    sqrt_bias_correction2 = float(np.sqrt(1.0 - beta2 ** step))
+    scalars = _adamw_scalars(lr, beta1, beta2, eps, weight_decay, step, "adamw_update")
     if is_cupy(params):
-        _cupy_adamw_kernel()(
-            grads, float(grad_scale), float(lr), float(beta1), float(beta2), float(eps),
-            float(weight_decay), float(bias_correction1), sqrt_bias_correction2,
-            params, exp_avg, exp_avg_sq,
-        )
+        _adamw_cupy(params, grads, exp_avg, exp_avg_sq, None, 1.0, grad_scale, scalars)
         return None
     with cpu_threads_for(params.size):
-        _adamw_cpu(params, grads, exp_avg, exp_avg_sq, float(grad_scale), float(lr),
-                   float(beta1), float(beta2), float(eps), float(weight_decay),
-                   float(bias_correction1), sqrt_bias_correction2)
+        _adamw_cpu(params, grads, exp_avg, exp_avg_sq, float(grad_scale), *scalars)
     return None
+
+
+def adamw_update_mixed(master_params, compute_grads, exp_avg, exp_avg_sq, compute_params, *,
+                       lr, beta1, beta2, eps, weight_decay, step, inverse_loss_scale,
+                       grad_scale=1.0):
+    """Mixed-precision AdamW in ONE pass: unscale, update the masters, refresh the fp16 copy.
+
+    Equivalent to (and on CPU computed as)::
+
+        master_grads = float32(compute_grads) * float32(inverse_loss_scale)
+        adamw_update(master_params, master_grads, exp_avg, exp_avg_sq, ..., grad_scale)
+        compute_params[...] = master_params            # round to float16
+
+    On a GPU one kernel reads the float16 gradient, the float32 master weight and
+    moments, and writes the master, the moments and the float16 copy: 28 bytes
+    per parameter instead of the ~50 of three separate passes, and no float32
+    gradient buffer. Call it only for a step that is applied (the caller checks
+    the gradients for inf/nan first, through their sum of squares).
+
+    Parameters
+    ----------
+    master_params, exp_avg, exp_avg_sq : ndarray of float32, shape (n,)
+    compute_grads : ndarray of float16, shape (n,)
+        Loss-scaled gradients.
+    compute_params : ndarray of float16, shape (n,)
+        Receives the updated masters rounded to float16.
+    inverse_loss_scale : float
+        ``1 / loss_scale`` of the step that produced the gradients (rounded to float32).
+    grad_scale : float
+        Further factor on the unscaled gradient (the clipping factor).
+    """
+    _check_flat([("master_params", master_params), ("exp_avg", exp_avg),
+                 ("exp_avg_sq", exp_avg_sq)], "adamw_update_mixed")
+    for name, array in (("compute_grads", compute_grads), ("compute_params", compute_params)):
+        if (array.ndim != 1 or array.shape != master_params.shape or array.dtype != np.float16
+                or is_cupy(array) != is_cupy(master_params) or not array.flags.c_contiguous):
+            raise ValueError(
+                f"adamw_update_mixed: {name} must be a contiguous float16 buffer of shape "
+                f"{tuple(master_params.shape)} on the masters' backend, found "
+                f"{array.dtype}{tuple(array.shape)}"
+            )
+    if master_params.dtype != np.float32:
+        raise TypeError(f"adamw_update_mixed: master weights must be float32, found "
+                        f"{master_params.dtype}")
+    scalars = _adamw_scalars(lr, beta1, beta2, eps, weight_decay, step, "adamw_update_mixed")
+    unscale = float(np.float32(inverse_loss_scale))
+    if is_cupy(master_params):
+        _adamw_cupy(master_params, compute_grads, exp_avg, exp_avg_sq, compute_params, unscale,
+                    grad_scale, scalars)
+        return None
+    master_grads = compute_grads.astype(np.float32)
+    master_grads *= np.float32(unscale)
+    with cpu_threads_for(master_params.size):
+        _adamw_cpu(master_params, master_grads, exp_avg, exp_avg_sq, float(grad_scale), *scalars)
+    compute_params[...] = master_params
+    return None
+
+
+def _adamw_scalars(lr, beta1, beta2, eps, weight_decay, step, function_name):
+    """(lr, beta1, beta2, eps, weight_decay, bias_correction1, sqrt_bias_correction2)."""
+    if step < 1:
+        raise ValueError(f"{function_name}: expected step >= 1 (1-based count), found {step}")
+    bias_correction1 = 1.0 - beta1 ** step
+    sqrt_bias_correction2 = float(np.sqrt(1.0 - beta2 ** step))
+    return (float(lr), float(beta1), float(beta2), float(eps), float(weight_decay),
+            float(bias_correction1), sqrt_bias_correction2)
 
 
 def sgd_update(params, grads, momentum_buffer, *, lr, momentum, weight_decay,
@@ -133,18 +193,6 @@ def _sgd_cpu(params, grads, momentum_buffer, grad_scale, lr, momentum, weight_de
 
 # ----------------------------------------------------------------- GPU (CuPy) --
 
-_ADAMW_BODY = r"""
-    // arithmetic in double: scalars arrive as double, buffers are float or double
-    const double g = (double)grads * grad_scale;
-    const double m = beta1 * (double)exp_avg + (1.0 - beta1) * g;
-    const double v = beta2 * (double)exp_avg_sq + (1.0 - beta2) * g * g;
-    exp_avg = (T)m;
-    exp_avg_sq = (T)v;
-    const double step_size = lr / bias_correction1;
-    params = (T)((double)params * (1.0 - lr * weight_decay)
-                 - step_size * m / (sqrt(v) / sqrt_bias_correction2 + eps));
-"""
-
 _SGD_BODY = r"""
     double d = (double)grads * grad_scale + weight_decay * (double)params;
     if (momentum != 0.0) {
@@ -157,18 +205,6 @@ _SGD_BODY = r"""
 
 
 @functools.lru_cache(maxsize=None)
-def _cupy_adamw_kernel():
-    import cupy
-
-    return cupy.ElementwiseKernel(
-        "T grads, float64 grad_scale, float64 lr, float64 beta1, float64 beta2, "
-        "float64 eps, float64 weight_decay, float64 bias_correction1, "
-        "float64 sqrt_bias_correction2",
-        "T params, T exp_avg, T exp_avg_sq", _ADAMW_BODY, "hpcgpu_train_adamw",
-    )
-
-
-@functools.lru_cache(maxsize=None)
 def _cupy_sgd_kernel():
     import cupy
 
@@ -177,3 +213,75 @@ def _cupy_sgd_kernel():
         "int32 nesterov",
         "T params, T momentum_buffer", _SGD_BODY, "hpcgpu_train_sgd",
     )
+
+
+_ADAMW_SOURCE = CUDA_HELPERS + r"""
+// One element per thread per iteration, grid-stride. S: storage of the masters and
+// moments, G: storage of the gradients (float16 gradients with float32 masters in mixed
+// precision), arithmetic in M = float for float32 masters (PyTorch's fused AdamW) and
+// double for float64. copy: the float16 compute copy of the masters, or null.
+template <typename S, typename G>
+__global__ void hpcgpu_train_adamw(
+        S* params, const G* grads, S* exp_avg, S* exp_avg_sq, unsigned short* copy,
+        long long n, float unscale, double grad_scale, double step_size, double decay,
+        double beta1, double beta2, double eps, double sqrt_bias_correction2) {
+    typedef typename MathType<S>::type M;
+    const M m_grad_scale = (M)grad_scale, m_step_size = (M)step_size, m_decay = (M)decay;
+    const M m_beta1 = (M)beta1, m_beta2 = (M)beta2, m_eps = (M)eps;
+    const M m_sqrt_bc2 = (M)sqrt_bias_correction2;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        // unscale in float32 first (exact: a power of two), as the unfused path's copy
+        const M unscaled = (M)(load_math(grads, i) * unscale);
+        const M g = unscaled * m_grad_scale;
+        const M m = m_beta1 * (M)exp_avg[i] + ((M)1 - m_beta1) * g;
+        const M v = m_beta2 * (M)exp_avg_sq[i] + ((M)1 - m_beta2) * g * g;
+        exp_avg[i] = (S)m;
+        exp_avg_sq[i] = (S)v;
+        const M p = (M)params[i] * m_decay - m_step_size * m / (math_sqrt(v) / m_sqrt_bc2 + m_eps);
+        params[i] = (S)p;
+        if (copy != nullptr) {
+            store_math(copy, i, (float)p);
+        }
+    }
+}
+"""
+
+#: (storage of masters/moments, storage of gradients) instantiated.
+_ADAMW_TYPES = (("float", "float"), ("double", "double"), ("float", "unsigned short"))
+_THREADS = 256
+
+
+@functools.lru_cache(maxsize=None)
+def _adamw_module():
+    import cupy
+
+    return cupy.RawModule(code=_ADAMW_SOURCE, name_expressions=[
+        f"hpcgpu_train_adamw<{s}, {g}>" for s, g in _ADAMW_TYPES])
+
+
+@functools.lru_cache(maxsize=4)
+def _max_blocks(device_id):
+    """Grid of the grid-stride loop: 8 blocks of 256 threads per SM (queried once per device)."""
+    import cupy
+
+    return 8 * cupy.cuda.Device(device_id).attributes["MultiProcessorCount"]
+
+
+def _adamw_cupy(params, grads, exp_avg, exp_avg_sq, copy, unscale, grad_scale, scalars):
+    import cupy
+
+    lr, beta1, beta2, eps, weight_decay, bias_correction1, sqrt_bias_correction2 = scalars
+    n = int(params.size)
+    if n == 0:
+        return
+    kernel = _adamw_module().get_function(
+        f"hpcgpu_train_adamw<{STORAGE_TYPES[params.dtype.name]}, "
+        f"{STORAGE_TYPES[grads.dtype.name]}>")
+    n_blocks = int(min((n + _THREADS - 1) // _THREADS, _max_blocks(cupy.cuda.Device().id)))
+    kernel((n_blocks,), (_THREADS,),
+           (params, grads, exp_avg, exp_avg_sq, copy if copy is not None else np.uintp(0),
+            np.int64(n), np.float32(unscale), np.float64(grad_scale),
+            np.float64(lr / bias_correction1), np.float64(1.0 - lr * weight_decay),
+            np.float64(beta1), np.float64(beta2), np.float64(eps),
+            np.float64(sqrt_bias_correction2)))

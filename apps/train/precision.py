@@ -149,9 +149,18 @@ class MixedPrecision:
             )
         self.master_params = master_params
         self.compute_params = master_params.astype(compute_dtype)
-        self.master_grads = xp.zeros_like(master_params)
         self.compute_grads = xp.zeros_like(self.compute_params)
         self.scaler = scaler if scaler is not None else DynamicLossScaler()
+        self._master_grads = None
+
+    @property
+    def master_grads(self):
+        """float32 gradients, allocated on first use: the fused optimiser step
+        (:meth:`apps.train.optim.AdamW.step_mixed`) unscales on the fly and never
+        needs this buffer (n_params x 4 bytes: 572 MB for a 143M model)."""
+        if self._master_grads is None:
+            self._master_grads = array_module(self.master_params).zeros_like(self.master_params)
+        return self._master_grads
 
     @property
     def loss_scale(self):

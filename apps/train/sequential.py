@@ -31,7 +31,7 @@ is a layer with parameters followed by the parameter-free layers after it
 (``Linear, GELU, Dropout``); pass ``block_sizes`` to choose differently.
 """
 
-from .layers import Dropout, Layer, Linear
+from .layers import BIAS_FOLDING_LAYERS, Dropout, Layer, Linear
 from .params import ParamLayout
 
 
@@ -116,6 +116,7 @@ class Sequential:
                 )
             layer.assign_names(f"{index}.")
         self.recompute = bool(recompute)
+        self._fold_biases()
         self.blocks = self._make_blocks(block_sizes)
         self._number_dropout_streams()
         self.layout = self._build_layout()
@@ -150,6 +151,14 @@ class Sequential:
             blocks.append(self.layers[start:start + size])
             start += size
         return blocks
+
+    def _fold_biases(self):
+        """A Linear followed by a LayerNorm or GELU leaves its bias to that layer's kernel."""
+        for layer, following in zip(self.layers, self.layers[1:]):
+            if (isinstance(layer, Linear) and layer.use_bias
+                    and isinstance(following, BIAS_FOLDING_LAYERS)):
+                layer.defer_bias = True
+                following.bias_source = layer
 
     def _number_dropout_streams(self):
         used = {leaf.stream for leaf in self.leaves() if isinstance(leaf, Dropout)}

@@ -226,12 +226,27 @@ def apply_gradients(trainer, state, sync, timers=None):
     Only ``sync.owned_range`` of the buffers is converted and stepped (the whole
     buffer, except under ZeRO-1); ``sync.gather_params`` then makes the full
     master buffer current everywhere before the compute copy is refreshed.
+
+    Mixed precision with an optimiser that has ``step_mixed`` (AdamW) takes the
+    fused path: the sum of squares is taken over the float16 gradients themselves
+    (times ``1 / scale**2``: with a power-of-two scale exactly the sum over the
+    unscaled values; an inf/nan anywhere makes it non-finite, so the overflow
+    decision comes BEFORE any update), then one pass unscales, steps the masters
+    and writes the float16 copy.
     """
     config, precision = trainer.config, state.precision
-    lo, hi = sync.owned_range(precision.master_params.shape[0])
+    n_params = precision.master_params.shape[0]
+    lo, hi = sync.owned_range(n_params)
+    fused = precision.name == "mixed" and hasattr(trainer.optimizer, "step_mixed")
+    # the scale that multiplied THIS step's gradients (update_scale may change it below)
+    inverse_loss_scale = 1.0 / precision.loss_scale
     with _phase(timers, "compute"):
-        precision.grads_to_master(lo, hi)
-        local_sum_of_squares = grad_sum_of_squares(precision.master_grads[lo:hi])
+        if fused:
+            local_sum_of_squares = (grad_sum_of_squares(precision.compute_grads[lo:hi])
+                                    * inverse_loss_scale * inverse_loss_scale)
+        else:
+            precision.grads_to_master(lo, hi)
+            local_sum_of_squares = grad_sum_of_squares(precision.master_grads[lo:hi])
     total_sum_of_squares = sync.sum_over_shards(local_sum_of_squares)
     factor, norm = clip_factor(total_sum_of_squares, config.clip_norm)
     found_nonfinite = not np.isfinite(norm)
@@ -239,12 +254,21 @@ def apply_gradients(trainer, state, sync, timers=None):
     applied = precision.update_scale(found_nonfinite)
     if applied:
         with _phase(timers, "compute"):
-            trainer.optimizer.step(precision.master_params[lo:hi], precision.master_grads[lo:hi],
-                                   state.optimizer_state, lr, grad_scale=factor)
+            if fused:
+                trainer.optimizer.step_mixed(
+                    precision.master_params[lo:hi], precision.compute_grads[lo:hi],
+                    state.optimizer_state, lr, inverse_loss_scale,
+                    precision.compute_params[lo:hi], grad_scale=factor)
+            else:
+                trainer.optimizer.step(precision.master_params[lo:hi],
+                                       precision.master_grads[lo:hi],
+                                       state.optimizer_state, lr, grad_scale=factor)
         with _phase(timers, "allreduce"):
             sync.gather_params(precision.master_params)
-        with _phase(timers, "compute"):
-            precision.refresh_compute_params()
+        if not fused or (lo, hi) != (0, n_params):
+            # the fused step wrote the float16 copy of the owned range only
+            with _phase(timers, "compute"):
+                precision.refresh_compute_params()
     return norm, lr, applied
 
 

@@ -68,7 +68,12 @@ def one_step(make_model, config, xp, x, y):
     index = xp.arange(x.shape[0], dtype=xp.int64)
     metrics = train_step(trainer, state, xp.asarray(x), xp.asarray(y), index)
     to_host = (lambda a: a.get()) if xp is not np else (lambda a: a)
-    return metrics, to_host(state.precision.master_params), to_host(state.precision.master_grads)
+    precision = state.precision
+    if precision.name == "mixed":   # the fused AdamW step unscales on the fly: no float32 buffer
+        grads = to_host(precision.compute_grads).astype(np.float32) / np.float32(metrics.loss_scale)
+    else:
+        grads = to_host(precision.master_grads)
+    return metrics, to_host(precision.master_params), grads
 
 
 MODELS = {
