@@ -109,6 +109,9 @@ def build_parser(rank: int = 0):
     neighbor.add_argument("--check-interval", type=positive_int, default=None, metavar="N",
                           help="read the device-side skin/2 watch at most every N steps; results are identical to "
                                "checking every step (earlier crossings are replayed) [10 on a GPU, 1 on the CPU]")
+    neighbor.add_argument("--graph", choices=("auto", "on", "off"), default="auto",
+                          help="GPU, one rank: replay the sync-free parts of each step as CUDA graphs (same results "
+                               "bitwise); auto = on where it applies (no Nose-Hoover) [auto]")
     neighbor.add_argument("--no-check", action="store_true",
                           help="rebuild every --rebuild-every steps unconditionally (neigh_modify check no)")
     neighbor.add_argument("--dims", default=None,
@@ -137,7 +140,8 @@ def make_config(options) -> MDConfig:
     return MDConfig(potential=lennard_jones(cutoff=options.cutoff, variant=options.potential), dt=options.dt,
                     skin=options.skin, rebuild_every=options.rebuild_every, rebuild_check=not options.no_check,
                     thermostat=thermostat, temperature=target, damping=options.damping, seed=options.seed,
-                    tail_correction=options.tail, check_interval=options.check_interval)
+                    tail_correction=options.tail, check_interval=options.check_interval,
+                    graph={"auto": None, "on": True, "off": False}[getattr(options, "graph", "auto")])
 
 
 def build_state(comm, arch, options, config):
@@ -279,7 +283,8 @@ def run(options, comm) -> dict:
               f"({throughput / comm.size:,.4g} per rank)")
         print(format_timers(timer_summary, wall))
         monitor.print_table()
-        for key in ("energy_drift", "neighbor_builds", "neighbor_reallocations", "rebuild_checks", "atoms_per_rank",
+        for key in ("energy_drift", "neighbor_builds", "neighbor_reallocations", "rebuild_checks", "step_graphs",
+                    "atoms_per_rank",
                     "ghosts_per_rank"):
             print(f"{key:<24} {diagnostics[key]}")
         print(f"checksum {checksum}")
@@ -346,6 +351,7 @@ def _diagnostics(comm, state, config, history, conserved) -> dict:
         "neighbor_reallocations": state.n_reallocations,
         "neighbor_capacity": state.neighbor_list.capacity,
         "rebuild_checks": state.watch.summary() if state.watch is not None else {"check_interval": 1},
+        "step_graphs": state.graphs.summary() if state.graphs is not None else None,
         "atoms_per_rank": {"min": min(c[0] for c in counts), "max": max(c[0] for c in counts)},
         "ghosts_per_rank": {"min": min(c[1] for c in counts), "max": max(c[1] for c in counts)},
     }

@@ -8,8 +8,9 @@ the contiguous slice ``cell_atoms[cell_start[c]:cell_start[c + 1]]`` of the atom
 
 ``cell_atoms`` is also the permutation that orders atoms by cell; applying it to the owned atoms now and
 then keeps atoms that are close in space close in memory (cache locality on CPU and GPU). On the CPU the
-scatter is sequential and stable (deterministic); on the GPU it uses atomics, so the order of atoms
-*inside* a cell may differ between runs (forces then differ in the last bits, never more).
+scatter is sequential and stable (deterministic); on the GPU it uses atomics, which leave the atoms of a
+cell in a run-dependent order, so a last kernel sorts each cell's slice (one thread per cell, insertion
+sort of ~20 entries): the GPU cell list is then the CPU one, and runs are bitwise reproducible.
 
 The grid spans the rank's box plus the ghost shell; it is not periodic (ghosts stand in for images).
 Cells are numbered ``(cz * ny + cy) * nx + cx``; atoms outside the grid are clamped to the edge cells.
@@ -151,9 +152,23 @@ extern "C" __global__ void md_bin_scatter(const int* __restrict__ atom_cell, int
     if (i >= n_atoms) return;
     cell_atoms[atomicAdd(cursor + atom_cell[i], 1)] = i;
 }
+
+/* Pass 3: ascending atom index inside every cell (the atomics above left a run-dependent order). */
+extern "C" __global__ void md_bin_sort_cells(const int* __restrict__ cell_start, int n_cells,
+                                             int* __restrict__ cell_atoms) {
+    int c = blockDim.x * blockIdx.x + threadIdx.x;
+    if (c >= n_cells) return;
+    const int begin = cell_start[c], end = cell_start[c + 1];
+    for (int k = begin + 1; k < end; ++k) {
+        const int value = cell_atoms[k];
+        int m = k - 1;
+        while (m >= begin && cell_atoms[m] > value) { cell_atoms[m + 1] = cell_atoms[m]; --m; }
+        cell_atoms[m + 1] = value;
+    }
+}
 """
 
-_NAMES = ("md_bin_count<float>", "md_bin_count<double>", "md_bin_scatter")
+_NAMES = ("md_bin_count<float>", "md_bin_count<double>", "md_bin_scatter", "md_bin_sort_cells")
 
 
 def _bin_gpu(positions, origin, inverse_size, shape, cell_start, cell_atoms):
@@ -172,3 +187,6 @@ def _bin_gpu(positions, origin, inverse_size, shape, cell_start, cell_atoms):
     cursor = cell_start[:-1].copy()
     scatter = raw_kernel(_CUDA_SOURCE, _NAMES, "md_bin_scatter")
     scatter(blocks, (THREADS_PER_BLOCK,), (atom_cell, np.int32(n_atoms), cursor, cell_atoms))
+    n_cells = cell_start.shape[0] - 1
+    raw_kernel(_CUDA_SOURCE, _NAMES, "md_bin_sort_cells")((blocks_for(n_cells),), (THREADS_PER_BLOCK,),
+                                                          (cell_start, np.int32(n_cells), cell_atoms))

@@ -50,6 +50,7 @@ from .neighbors import build_neighbor_list, needs_rebuild
 from .potential import tail_corrections
 from .reduction import global_sums
 from .serial import MDConfig, MDState, thermostat_energy_per_atom
+from .step_graph import StepGraphs, graphs_apply
 from .thermo import Thermo, degrees_of_freedom, kinetic_energy, kinetic_energy_per_atom, thermo_sample
 from .watch import RebuildWatch, first_half_and_watch
 
@@ -72,6 +73,7 @@ class DistributedState(MDState):
     domain: ParticleDomain | None = None
     ghosts: GhostExchange | None = None
     watch: RebuildWatch | None = None
+    graphs: StepGraphs | None = None
     n_atoms: int = 0
     per_atom_energy: tuple | None = None
 
@@ -191,8 +193,11 @@ def _advance(state, config, compute_energy, timers, mode):
     new_step = state.step + 1
     on_schedule = new_step % config.rebuild_every == 0
     watching = mode in (_WATCH, _VERIFY) and on_schedule and config.rebuild_check
+    graphs = state.graphs
     with timers.phase("compute"):
-        if watching:
+        if watching and graphs is not None:
+            graphs.first_half(state, dt, watch)   # counter -> new_step, first half + watch: one graph launch
+        elif watching:
             first_half_and_watch(state.positions, state.velocities, state.forces, state.masses, dt,
                                  state.neighbor_list.reference_positions, watch.threshold_sq, new_step, watch.values)
         else:
@@ -222,6 +227,13 @@ def _advance(state, config, compute_energy, timers, mode):
         if watch is not None:
             watch.reset(new_step)
             largest = None
+    elif graphs is not None and not compute_energy:
+        # Ghost refresh, forces, Langevin, second half: one graph launch (timed as compute).
+        with timers.phase("compute"):
+            graphs.second_half(state, config)
+        if watch is not None and mode == _VERIFY:
+            watch.verified(state, largest)
+        return None
     else:
         with timers.phase("communication"):
             state.ghosts.forward(state.positions)
@@ -255,6 +267,7 @@ def _attach_watch(state: DistributedState, config: MDConfig) -> None:
         state.watch.config = config   # settle() replays with it when called without a config
         state.watch.build_step = state.step
         state.watch.verified(state, None)
+    state.graphs = StepGraphs(state.positions.dtype) if graphs_apply(state, config) else None
 
 
 def rebuild(state: DistributedState, config: MDConfig, sort: bool = True, timers=None, carried=None) -> dict:

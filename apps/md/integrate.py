@@ -69,7 +69,7 @@ def velocity_verlet_second_half(velocities, forces, masses, dt: float) -> None:
 
 
 def langevin_forces(forces, velocities, masses, atom_ids, temperature: float, damping: float, dt: float,
-                    seed: int, step: int) -> None:
+                    seed: int, step: int, step_counter=None) -> None:
     """Add Langevin friction and noise to ``forces`` in place (see the module docstring).
 
     Parameters
@@ -79,6 +79,8 @@ def langevin_forces(forces, velocities, masses, atom_ids, temperature: float, da
     atom_ids : array, shape (n_local,), int64, global ids (the noise key)
     temperature : float (epsilon / k_B); damping : float, relaxation time (tau); dt : float (tau)
     seed, step : int -- with the atom id, all the noise depends on
+    step_counter : cupy int64 array, shape (1,), optional (GPU only) -- read the step from the device
+        instead of ``step`` (CUDA graph replays, :mod:`apps.md.step_graph`)
     """
     n_local = _check(velocities, velocities, forces, masses)
     check_array("atom_ids", atom_ids, shape=(n_local,), dtypes=[np.int64], like=forces)
@@ -88,7 +90,8 @@ def langevin_forces(forces, velocities, masses, atom_ids, temperature: float, da
     noise_scale = math.sqrt(2.0 * temperature / (damping * dt))  # times sqrt(m) per atom
     if _is_cupy(forces):
         _launch("md_langevin", forces.dtype, n_local, forces, velocities, masses, atom_ids, np.int32(n_local),
-                np.float64(1.0 / damping), np.float64(noise_scale), np.int64(seed), np.int64(step))
+                np.float64(1.0 / damping), np.float64(noise_scale), np.int64(seed), np.int64(step),
+                np.uint64(0) if step_counter is None else step_counter)
     else:
         _langevin_cpu(forces, velocities, masses, atom_ids, 1.0 / damping, noise_scale, np.int64(seed),
                       np.int64(step))
@@ -206,9 +209,11 @@ __global__ void md_second_half(real* __restrict__ velocities, const real* __rest
 template <typename real>
 __global__ void md_langevin(real* __restrict__ forces, const real* __restrict__ velocities,
                             const real* __restrict__ masses, const long long* __restrict__ atom_ids,
-                            int n_local, double friction, double noise_scale, long long seed, long long step) {
+                            int n_local, double friction, double noise_scale, long long seed, long long step,
+                            const long long* __restrict__ step_counter) {
     int i = blockDim.x * blockIdx.x + threadIdx.x;
     if (i >= n_local) return;
+    if (step_counter != nullptr) step = step_counter[0];   /* graph replays: the step lives on the device */
     double noise[3];
     md_gaussian3(seed, step, atom_ids[i], noise, noise + 1, noise + 2);
     const double mass = masses[i];

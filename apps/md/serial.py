@@ -59,6 +59,9 @@ class MDConfig:
     check_interval : int or None -- distributed driver: at most this many steps between host reads of the
         device-side displacement watch (results identical to checking every step, :mod:`apps.md.watch`);
         None = 10 on a GPU, 1 (plain every-step check) on the CPU
+    graph : bool or None -- distributed driver on one GPU: replay the sync-free parts of a step as CUDA
+        graphs (:mod:`apps.md.step_graph`; bitwise the same results); None = on wherever it applies
+        (GPU, one rank, no Nose-Hoover), False = off
     """
 
     potential: LennardJones
@@ -73,6 +76,7 @@ class MDConfig:
     seed: int = 12345
     tail_correction: bool = False
     check_interval: int | None = None
+    graph: bool | None = None
 
     def __post_init__(self):
         if self.thermostat not in THERMOSTATS:

@@ -42,7 +42,7 @@ NOT_EXCEEDED = 2**31 - 1
 
 
 def first_half_and_watch(positions, velocities, forces, masses, dt: float, reference, threshold_sq: float,
-                         step: int, watch) -> None:
+                         step: int, watch, step_counter=None) -> None:
     """Velocity Verlet first half (``v += dt/2 f/m; x += dt v``) plus the displacement watch, in place.
 
     Parameters
@@ -55,6 +55,9 @@ def first_half_and_watch(positions, velocities, forces, masses, dt: float, refer
     step : int -- the step these new positions belong to
     watch : int32 array, shape (2,) -- ``[first step exceeded (NOT_EXCEEDED if none), float32 bits of the
         largest squared displacement]``; updated with atomicMin / atomicMax. Returns None.
+    step_counter : cupy int64 array, shape (1,), optional (GPU only) -- when given, the step is read from
+        it on the device instead of ``step`` (a CUDA graph replays the same launch on every step:
+        :mod:`apps.md.step_graph`)
     """
     n_local = velocities.shape[0]
     check_array("positions", positions, shape=(None, 3), dtypes=[np.float32, np.float64])
@@ -69,7 +72,8 @@ def first_half_and_watch(positions, velocities, forces, masses, dt: float, refer
         kernel = raw_kernel(_CUDA_SOURCE, _NAMES, f"md_first_half_watch<{real_name}>")
         kernel((blocks_for(n_local),), (THREADS_PER_BLOCK,),
                (positions, velocities, forces, masses, np.int32(n_local), positions.dtype.type(dt), reference,
-                np.float64(threshold_sq), np.int32(step), watch))
+                np.float64(threshold_sq), np.int32(step), watch,
+                np.uint64(0) if step_counter is None else step_counter))
         return
     _first_half_cpu(positions, velocities, forces, masses, positions.dtype.type(dt))
     displacement_sq = np.empty(n_local, dtype=np.float64)
@@ -192,8 +196,10 @@ template <typename real>
 __global__ void md_first_half_watch(real* __restrict__ positions, real* __restrict__ velocities,
                                     const real* __restrict__ forces, const real* __restrict__ masses,
                                     int n_local, real dt, const real* __restrict__ reference,
-                                    double threshold_sq, int step, int* watch) {
+                                    double threshold_sq, int step, int* watch,
+                                    const long long* __restrict__ step_counter) {
     const int i = blockDim.x * blockIdx.x + threadIdx.x;
+    if (step_counter != nullptr) step = (int)step_counter[0];   /* graph replays: the step lives on the device */
     float largest = 0.0f;
     if (i < n_local) {
         const real half_dt_over_m = real(0.5) * dt / masses[i];

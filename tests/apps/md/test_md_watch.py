@@ -75,3 +75,45 @@ def test_watch_kernel_records_first_step_and_largest_displacement():
     largest = float(values[1:2].view(np.float32)[0])
     assert largest == pytest.approx(0.3**2, rel=1e-6)
     np.testing.assert_allclose(positions[2], [0.3, 0, 0])
+
+
+class _HostStepGraphs:
+    """CPU stand-in for apps.md.step_graph.StepGraphs: same calls, eager kernels (tests the driver's flow)."""
+
+    def __init__(self, dtype):
+        self.n_launches = 0
+
+    def first_half(self, state, dt, rebuild_watch):
+        watch.first_half_and_watch(state.positions, state.velocities, state.forces, state.masses, dt,
+                                   state.neighbor_list.reference_positions, rebuild_watch.threshold_sq,
+                                   state.step + 1, rebuild_watch.values)
+        self.n_launches += 1
+
+    def second_half(self, state, config):
+        from apps.md.integrate import langevin_forces, velocity_verlet_second_half
+
+        state.ghosts.forward(state.positions)
+        distributed._forces(state, False)
+        if config.thermostat == "langevin":
+            langevin_forces(state.forces, state.velocities, state.masses, state.atom_ids, config.temperature,
+                            config.damping, config.dt, config.seed, state.step)
+        velocity_verlet_second_half(state.velocities, state.forces, state.masses, config.dt)
+        self.n_launches += 1
+
+    def summary(self):
+        return {"captures": 0, "launches": self.n_launches}
+
+
+@pytest.mark.mpi(ranks=[1], timeout=120)
+def test_step_graph_branches_of_the_driver_give_the_same_run(comm, monkeypatch):
+    """The driver's graph path (first half / check / second half, early return) with eager stand-ins."""
+    expected, expected_atoms, _ = _run(comm, check_interval=7, steps=45, thermo_every=15, thermostat="langevin",
+                                       fixed_schedule=True, monkeypatch=monkeypatch)
+    monkeypatch.setattr(distributed, "graphs_apply", lambda state, config: True)
+    monkeypatch.setattr(distributed, "StepGraphs", _HostStepGraphs)
+    found, atoms, state = _run(comm, check_interval=7, steps=45, thermo_every=15, thermostat="langevin",
+                               fixed_schedule=True, monkeypatch=monkeypatch)
+    assert state.graphs.n_launches > 45 and state.watch.n_rollbacks > 0
+    assert found == expected
+    for name in ("positions", "velocities", "images"):
+        np.testing.assert_array_equal(atoms[name], expected_atoms[name])
