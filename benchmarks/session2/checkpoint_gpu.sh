@@ -17,7 +17,7 @@ echo "exit status $?"; tail -15 "$OUT/ckpt_pytest_gpu.txt"
 
 echo "== 2. apps.stencil overhead of --async-checkpoint (swe, 2 days, 1 GPU)"
 S="-m apps.stencil --model swe --days 2 --quiet --no-plot --snapshot-every 0 --nan-check-every 0"
-for repeat in 1 2 3; do
+for repeat in ${CKPT_REPEATS:-1 2 3}; do
   for mode in plain async; do
     extra=""; [ $mode = async ] && extra="--checkpoint-every 100 --async-checkpoint --checkpoint-dir $WORK/ckpt_$repeat"
     timeout 120 python3 $S $extra --output "$WORK/run_${mode}_$repeat" --summary "$OUT/ckpt_stencil_${mode}_$repeat.json" \
@@ -25,8 +25,9 @@ for repeat in 1 2 3; do
     status=$?; [ $status -eq 0 ] || { echo "stencil $mode $repeat: exit status $status"; tail -20 "$OUT/ckpt_stencil_${mode}_$repeat.txt"; }
   done
 done
-ls "$WORK/ckpt_3" 2>/dev/null | tr '\n' ' '; echo
+ls "$WORK/ckpt_1" 2>/dev/null | tr '\n' ' '; echo
 
+[ -z "${CKPT_STENCIL_ONLY:-}" ] && {
 echo "== 3. checkpoint_io.py (throughput: NumPy field; overhead: CuPy loop)"
 timeout 150 python3 benchmarks/checkpoint_io.py --dir "$WORK/io" --mib-per-rank 1024 --repeats 3 --async \
   --json "$OUT/ckpt_io_throughput.json" > "$OUT/ckpt_io_throughput.txt" 2>&1
@@ -35,6 +36,7 @@ timeout 150 python3 benchmarks/checkpoint_io.py --dir "$WORK/io2" --backend cupy
   --overhead 1.5:100 --overhead 1024:0 --loop-iterations 1000 --loop-ops 300 --overhead-repeats 3 \
   --json "$OUT/ckpt_io_overhead.json" > "$OUT/ckpt_io_overhead.txt" 2>&1
 echo "exit status $?"; tail -6 "$OUT/ckpt_io_overhead.txt"
+}
 rm -rf "$WORK"
 
 python3 - "$OUT" <<'PY'
@@ -48,7 +50,7 @@ def load(name):
 print("\n== checkpoint summary (issue 4)")
 walls, sums, io = {"plain": [], "async": []}, {"plain": set(), "async": set()}, []
 for mode in walls:
-    for repeat in (1, 2, 3):
+    for repeat in range(1, 20):
         s = load(f"ckpt_stencil_{mode}_{repeat}.json")
         if s:
             walls[mode].append(s["wall_seconds"]); sums[mode].add(s["checksum"][:19])
@@ -58,6 +60,7 @@ if walls["plain"] and walls["async"]:
     plain, ckpt = statistics.median(walls["plain"]), statistics.median(walls["async"])
     print(f"stencil swe 2 days, 1 GPU: wall without {' '.join(f'{w:.3f}' for w in walls['plain'])} s, with async "
           f"checkpoint every 100 {' '.join(f'{w:.3f}' for w in walls['async'])} s")
+    print(f"  best-of overhead {100 * (min(walls['async']) / min(walls['plain']) - 1):+.2f}%")
     print(f"  median overhead {100 * (ckpt / plain - 1):+.2f}%  (target <= 5%; was 8.7%); io phase "
           f"{' '.join(f'{t:.3f}' for t in io)} s; checksums equal: {sums['plain'] == sums['async'] and len(sums['plain']) == 1}")
 else:

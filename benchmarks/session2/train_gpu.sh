@@ -21,10 +21,10 @@ tail -2 "$LOG/pytest_kernels.txt"
 grep -E "^(FAILED|ERROR)|Error|error:|max error|assert" "$LOG/pytest_kernels.txt" | head -14
 
 echo "== 2. per-op profile, 1 GPU (short; ms per call, ours vs torch)"
-timeout 100 python3 benchmarks/train_profile.py --repeats 5 > "$LOG/profile.txt" 2>&1; echo "rc=$? [$(elapsed) s]"
-grep -vE "^\s*$" "$LOG/profile.txt" | grep -vE "^(cupy|torch) " | tail -44
+[ -z "${SKIP_PROFILE:-}" ] && { timeout 100 python3 benchmarks/train_profile.py --repeats 5 > "$LOG/profile.txt" 2>&1; echo "rc=$? [$(elapsed) s]"; }
+[ -z "${SKIP_PROFILE:-}" ] && grep -vE "^\s*$" "$LOG/profile.txt" | grep -vE "^(cupy|torch) " | tail -44
 
-SWEEP="0 2 4 8"
+SWEEP=${TRAIN_SWEEP:-"0 2 4 8"}
 if [ "$NGPU" -ge 2 ]; then
   echo "== 3. NCCL channel sweep, hpcgpu only, 2 GPUs (0 = NCCL default)"
   for n in $SWEEP; do
@@ -66,7 +66,7 @@ if [ "$NGPU" -ge 2 ]; then
   grep -E "^(hpcgpu|torch) " "$LOG/sweep_$BEST.txt" "$LOG/train_2gpu_torch.txt" | sed 's|.*/||'
   grep -E "Traceback|Error" "$LOG/train_2gpu_torch.txt" | head -4
 fi
-if [ $(elapsed) -lt 200 ]; then
+if [ -z "${SKIP_DIST:-}" ] && [ $(elapsed) -lt 200 ]; then
   echo "== 5. (time left) NCCL data-parallel GPU tests"
   timeout $((280 - $(elapsed))) python3 -m pytest -q -x -p no:cacheprovider tests/apps/train/test_train_distributed_gpu.py \
     -m gpu > "$LOG/pytest_dist.txt" 2>&1; echo "rc=$? [$(elapsed) s]"
