@@ -12,11 +12,8 @@ directory that :meth:`find` ignores, next to the intact older checkpoints.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import os
 import queue
-import sys
 import threading
 import time
 import traceback
@@ -108,35 +105,6 @@ class _WriteJob:
         return self.verdict is not None and int(self.verdict[0]) == 1
 
 
-def _write_switch_interval() -> float:
-    """GIL switch interval (seconds) while a background write runs; 0 leaves Python's default (5 ms)."""
-    try:
-        return max(0.0, float(os.environ.get("HPCGPU_CHECKPOINT_SWITCH_INTERVAL", "0.0002")))
-    except ValueError:
-        return 0.0002
-
-
-@contextlib.contextmanager
-def _short_gil_slices():
-    """Shorten the GIL switch interval while this thread writes.
-
-    The writer's h5py calls hold the GIL. When the stepping thread asks for it, Python lets the holder
-    run for up to the switch interval (default 5 ms) before it must give the GIL up, and the same delay
-    applies whenever the writer wants it back after a call that released it (open, pwrite, fsync).
-    With 0.2 ms slices the stepping thread loses only about the writer's own CPU time.
-    """
-    interval = _write_switch_interval()
-    previous = sys.getswitchinterval()
-    if interval <= 0 or interval >= previous:
-        yield
-        return
-    sys.setswitchinterval(interval)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(previous)
-
-
 class _BackgroundWriter:
     """One long-lived thread per manager that writes (and on rank 0 publishes) asynchronous saves.
 
@@ -162,15 +130,13 @@ class _BackgroundWriter:
                 return
             job, write_fn, publish_fn = item
             try:
-                with _short_gil_slices():
-                    job.run(write_fn)
+                job.run(write_fn)
                 job.written.set()
                 if publish_fn is not None:
                     job.verdict_known.wait()
                     if job.succeeded:
                         try:
-                            with _short_gil_slices():
-                                publish_fn(job)
+                            publish_fn(job)
                         except OSError as exc:
                             job.publish_error = f"cannot publish {job.temporary} as {job.final}: {exc}"
             except BaseException as exc:  # noqa: BLE001 - never leave the stepping thread waiting
