@@ -224,18 +224,21 @@ template <typename S, typename G>
 __global__ void hpcgpu_train_adamw(
         S* params, const G* grads, S* exp_avg, S* exp_avg_sq, unsigned short* copy,
         long long n, float unscale, double grad_scale, double step_size, double decay,
-        double beta1, double beta2, double eps, double sqrt_bias_correction2) {
+        double beta1, double beta2, double one_minus_beta1, double one_minus_beta2, double eps,
+        double sqrt_bias_correction2) {
     typedef typename MathType<S>::type M;
     const M m_grad_scale = (M)grad_scale, m_step_size = (M)step_size, m_decay = (M)decay;
     const M m_beta1 = (M)beta1, m_beta2 = (M)beta2, m_eps = (M)eps;
+    // 1 - beta in double on the host, then rounded: in float32, 1 - (float)0.999 is off by 1.3e-5.
+    const M m_one_minus_beta1 = (M)one_minus_beta1, m_one_minus_beta2 = (M)one_minus_beta2;
     const M m_sqrt_bc2 = (M)sqrt_bias_correction2;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         // unscale in float32 first (exact: a power of two), as the unfused path's copy
         const M unscaled = (M)(load_math(grads, i) * unscale);
         const M g = unscaled * m_grad_scale;
-        const M m = m_beta1 * (M)exp_avg[i] + ((M)1 - m_beta1) * g;
-        const M v = m_beta2 * (M)exp_avg_sq[i] + ((M)1 - m_beta2) * g * g;
+        const M m = m_beta1 * (M)exp_avg[i] + m_one_minus_beta1 * g;
+        const M v = m_beta2 * (M)exp_avg_sq[i] + m_one_minus_beta2 * g * g;
         exp_avg[i] = (S)m;
         exp_avg_sq[i] = (S)v;
         const M p = (M)params[i] * m_decay - m_step_size * m / (math_sqrt(v) / m_sqrt_bc2 + m_eps);
@@ -283,5 +286,5 @@ def _adamw_cupy(params, grads, exp_avg, exp_avg_sq, copy, unscale, grad_scale, s
            (params, grads, exp_avg, exp_avg_sq, copy if copy is not None else np.uintp(0),
             np.int64(n), np.float32(unscale), np.float64(grad_scale),
             np.float64(lr / bias_correction1), np.float64(1.0 - lr * weight_decay),
-            np.float64(beta1), np.float64(beta2), np.float64(eps),
-            np.float64(sqrt_bias_correction2)))
+            np.float64(beta1), np.float64(beta2), np.float64(1.0 - beta1), np.float64(1.0 - beta2),
+            np.float64(eps), np.float64(sqrt_bias_correction2)))
