@@ -229,6 +229,7 @@ def run(options, comm) -> dict:
                            "thermostat": options.thermostat})
         return {"particles": particles, "replicated": replicated}
 
+    distributed.warm_up(state)   # NCCL peer connections are made here, not in the first timed step
     comm.barrier()
     arch.synchronize()
     started = time.perf_counter()
