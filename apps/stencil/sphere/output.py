@@ -26,6 +26,7 @@ import math
 import numpy as np
 
 import hpcgpu
+from apps.stencil.snapshots import TIME_ATTRIBUTES, SnapshotFile, plot_depth_and_vorticity
 
 SNAPSHOT_NAME = "latlon.nc"
 PLOT_NAME = "latlon_final.png"
@@ -75,7 +76,7 @@ def centred_fields(model):
     return {"h": h, "u": u_centre, "v": v_centre, "zeta": relative_vorticity(u, v, model.parameters)}
 
 
-class Snapshots:
+class Snapshots(SnapshotFile):
     """An appendable CF-1.8 netCDF file of the model state (rank 0 writes, every rank gathers)."""
 
     VARIABLES = {"h": ("m", None, "fluid depth"),
@@ -83,20 +84,11 @@ class Snapshots:
                  "v": ("m s-1", "northward_wind", "northward velocity (cell-centre average of the south and north faces)"),
                  "zeta": ("s-1", "atmosphere_relative_vorticity", "relative vorticity (mean of the cell's corners)")}  # fmt: skip
 
-    def __init__(self, model, path):
-        self.comm = model.comm
-        self.file = None
-        self.count = 0
-        if self.comm.rank != 0:
-            return
-        try:
-            import h5netcdf
-        except ImportError:
-            print("note: h5netcdf is not installed; no netCDF snapshots written (pip install h5netcdf)")
-            return
+    centred_fields = staticmethod(centred_fields)
+
+    def define(self, model) -> None:
         p = model.parameters
         coordinates = grid_coordinates(p)
-        self.file = h5netcdf.File(path, "w")
         self.file.attrs.update({
             "Conventions": "CF-1.8",
             "title": f"hpcgpu apps.stencil shallow water on the sphere, {model.init_name}",
@@ -119,8 +111,7 @@ class Snapshots:
             bounds = self.file.create_variable(f"{name}_bnds", (name, "bnds"), "f8")
             bounds[:] = coordinates[f"{name}_bnds"]
         time = self.file.create_variable("time", ("time",), "f8")
-        time.attrs.update({"units": "seconds since 2000-01-01 00:00:00", "calendar": "standard",
-                           "standard_name": "time", "long_name": "model time", "axis": "T"})
+        time.attrs.update(TIME_ATTRIBUTES)
         topography = self.file.create_variable("h_s", ("lat", "lon"), "f4")
         topography[:] = self._topography(model, p, coordinates)
         topography.attrs.update({"units": "m", "long_name": "bottom topography"})
@@ -138,49 +129,14 @@ class Snapshots:
         lon, lat = np.radians(coordinates["lon"])[None, :], np.radians(coordinates["lat"])[:, None]
         return np.broadcast_to(function(lon, lat), (p.ny, p.nx)).astype(np.float32)
 
-    def write(self, model) -> None:
-        """Collective: append the current state."""
-        fields = centred_fields(model)
-        if self.file is None:
-            return
-        index = self.count
-        self.file.resize_dimension("time", index + 1)
-        self.file.variables["time"][index] = model.time
-        for name, values in fields.items():
-            self.file.variables[name][index, :, :] = values.astype(np.float32)
-        self.file.flush()
-        self.count += 1
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-            self.file = None
-
 
 def plot_state(model, path) -> None:
     """Collective: rank 0 draws maps of depth and relative vorticity (lon/lat axes) to ``path``."""
-    fields = centred_fields(model)
-    if fields is None:
-        return
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("note: matplotlib is not installed; no PNG written (pip install 'hpcgpu[apps]')")
-        return
     coordinates = grid_coordinates(model.parameters)
     lon_edges, lat_edges = coordinates["lon_edges"], coordinates["lat_edges"]
-    figure, axes = plt.subplots(2, 1, figsize=(9, 9), constrained_layout=True)
-    for axis, name, cmap, title in ((axes[0], "h", "viridis", "depth h (m)"),
-                                    (axes[1], "zeta", "RdBu_r", "relative vorticity (1/s)")):
-        values = fields[name]
-        kwargs = {}
-        if name == "zeta":
-            limit = float(np.max(np.abs(values))) or 1.0
-            kwargs = {"vmin": -limit, "vmax": limit}
-        mesh = axis.pcolormesh(lon_edges, lat_edges, values, cmap=cmap, shading="flat", **kwargs)
+
+    def draw(axis, values, cmap, title, limits):
+        mesh = axis.pcolormesh(lon_edges, lat_edges, values, cmap=cmap, shading="flat", **limits)
         axis.set_title(f"{title}, {model.init_name}, day {model.time / 86400:.2f}")
         axis.set_xlabel("longitude (degrees east)")
         axis.set_ylabel("latitude (degrees north)")
@@ -189,9 +145,9 @@ def plot_state(model, path) -> None:
         axis.set_xticks(np.arange(0, 361, 60))
         axis.set_yticks(np.arange(-90, 91, 30))
         axis.set_aspect("equal")
-        figure.colorbar(mesh, ax=axis, shrink=0.8)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+        return mesh
+
+    plot_depth_and_vorticity(centred_fields(model), path, draw)
 
 
 __all__ = ["PLOT_NAME", "SNAPSHOT_NAME", "Snapshots", "centred_fields", "grid_coordinates", "plot_state",

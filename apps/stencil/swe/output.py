@@ -16,6 +16,7 @@ import json
 import numpy as np
 
 import hpcgpu
+from apps.stencil.snapshots import TIME_ATTRIBUTES, SnapshotFile, plot_depth_and_vorticity
 
 
 def centred_fields(model):
@@ -35,7 +36,7 @@ def centred_fields(model):
     return {"h": h, "u": u_c, "v": v_c, "zeta": zeta}
 
 
-class Snapshots:
+class Snapshots(SnapshotFile):
     """An appendable CF-1.8 netCDF file of the model state (rank 0 writes, every rank gathers)."""
 
     UNITS = {"h": ("m", "sea_surface_height_above_sea_floor", "fluid depth"),
@@ -43,15 +44,10 @@ class Snapshots:
              "v": ("m s-1", "northward_sea_water_velocity", "velocity in y"),
              "zeta": ("s-1", "ocean_relative_vorticity", "relative vorticity")}
 
-    def __init__(self, model, path):
-        self.comm = model.comm
-        self.file = None
-        if self.comm.rank != 0:
-            return
-        import h5netcdf
+    centred_fields = staticmethod(centred_fields)
 
+    def define(self, model) -> None:
         p = model.parameters
-        self.file = h5netcdf.File(path, "w")
         self.file.attrs.update({
             "Conventions": "CF-1.8",
             "title": f"hpcgpu apps.stencil shallow water, init {model.init_name}",
@@ -70,59 +66,22 @@ class Snapshots:
             var[:] = (np.arange(n) + 0.5) * step
             var.attrs.update({"units": "m", "long_name": long_name, "axis": name.upper()})
         time = self.file.create_variable("time", ("time",), "f8")
-        time.attrs.update({"units": "seconds since 2000-01-01 00:00:00", "calendar": "standard",
-                           "long_name": "model time", "axis": "T"})
+        time.attrs.update(TIME_ATTRIBUTES)
         for name, (units, standard, long_name) in self.UNITS.items():
             var = self.file.create_variable(name, ("time", "y", "x"), "f4", chunks=(1, p.ny, p.nx))
             var.attrs.update({"units": units, "standard_name": standard, "long_name": long_name})
-        self.count = 0
-
-    def write(self, model) -> None:
-        """Collective: append the current state."""
-        fields = centred_fields(model)
-        if self.file is None:
-            return
-        index = self.count
-        self.file.resize_dimension("time", index + 1)
-        self.file.variables["time"][index] = model.time
-        for name, values in fields.items():
-            self.file.variables[name][index, :, :] = values.astype(np.float32)
-        self.file.flush()
-        self.count += 1
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-            self.file = None
 
 
 def plot_state(model, path) -> None:
     """Collective: rank 0 draws depth and relative vorticity of the current state to ``path``."""
-    fields = centred_fields(model)
-    if fields is None:
-        return
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("note: matplotlib is not installed; no PNG written (pip install 'hpcgpu[apps]')")
-        return
     p = model.parameters
     extent = (0, p.length_x / 1e3, 0, p.length_y / 1e3)
-    figure, axes = plt.subplots(2, 1, figsize=(9, 9), constrained_layout=True)
-    for axis, name, cmap, title in ((axes[0], "h", "viridis", "depth h (m)"),
-                                    (axes[1], "zeta", "RdBu_r", "relative vorticity (1/s)")):
-        values = fields[name]
-        kwargs = {}
-        if name == "zeta":
-            limit = float(np.max(np.abs(values))) or 1.0
-            kwargs = {"vmin": -limit, "vmax": limit}
-        image = axis.imshow(values, origin="lower", extent=extent, cmap=cmap, aspect="equal", **kwargs)
+
+    def draw(axis, values, cmap, title, limits):
+        image = axis.imshow(values, origin="lower", extent=extent, cmap=cmap, aspect="equal", **limits)
         axis.set_title(f"{title}, day {model.time / 86400:.2f}")
         axis.set_xlabel("x (km)")
         axis.set_ylabel("y (km)")
-        figure.colorbar(image, ax=axis, shrink=0.8)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+        return image
+
+    plot_depth_and_vorticity(centred_fields(model), path, draw)
