@@ -57,9 +57,35 @@ def fault_point(name: str, rank: int) -> None:
     without ``:RANK`` every rank dies there. ``os._exit`` skips all cleanup, like a node failure or
     ``kill -9``. Points: ``mid-rank-file``, ``after-rank-file``, ``mid-master``, ``before-rename``.
     """
-    request = os.environ.get(FAULT_VARIABLE)
-    if not request:
-        return
-    point, _, which = request.partition(":")
-    if point == name and (not which or int(which) == rank):
+    if fault_requested(name, rank, os.environ.get(FAULT_VARIABLE)):
         os._exit(FAULT_EXIT_CODE)
+
+
+def fault_requested(name: str, rank: int, request: str | None) -> bool:
+    """True if ``request`` (a ``$HPCGPU_CHECKPOINT_FAULT`` value: ``POINT`` or ``POINT:RANK``) names
+    this point on this rank. The layout process gets the request from the app with every job."""
+    if not request:
+        return False
+    point, _, which = request.partition(":")
+    return point == name and (not which or int(which) == rank)
+
+
+def publish_checkpoint(temporary: Path, final: Path, keep: int) -> None:
+    """Rank 0's commit: rename ``temporary`` to ``final`` durably, keep the newest ``keep`` checkpoints
+    of the directory and remove ``*.tmp`` debris of crashed saves.
+
+    Plain file-system work (no HDF5, no MPI), so the layout process can do it for asynchronous saves.
+    """
+    from hpcgpu.checkpoint import layout
+
+    temporary, final = Path(temporary), Path(final)
+    if final.exists():  # the same step saved again (a restart from an older checkpoint)
+        remove_tree(final)
+    rename_durably(temporary, final)
+    directory = final.parent
+    found = [(layout.step_of(p.name), p) for p in directory.iterdir() if p.is_dir()]
+    complete = [p for step, p in sorted((s, p) for s, p in found if s is not None)]
+    for path in complete[:-keep]:
+        remove_tree(path)
+    for path in directory.glob(f"ckpt_*{layout.TEMPORARY_SUFFIX}"):
+        remove_tree(path)  # debris of crashed saves (nothing else is in flight now)

@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from hpcgpu.checkpoint import bulk, layout
-from hpcgpu.checkpoint.filesystem import fault_point, remove_tree, rename_durably
+from hpcgpu.checkpoint import layout_process
+from hpcgpu.checkpoint.filesystem import fault_point, publish_checkpoint, remove_tree
 from hpcgpu.checkpoint.reader import BlockReader, CheckpointInfo, read_master, read_replicated_state
 from hpcgpu.checkpoint.snapshot import PinnedPool, take_snapshot
 from hpcgpu.checkpoint.writer import (build_index, describe, write_master_file, write_rank_file,
@@ -88,16 +89,19 @@ class _WriteJob:
         self.request = None
         self.verdict = None
         self.seconds = 0.0
+        self.cpu_seconds = 0.0
         self.written, self.verdict_known, self.done = threading.Event(), threading.Event(), threading.Event()
 
     def run(self, write_fn) -> None:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         try:
             write_fn(self)
         except BaseException as exc:  # noqa: BLE001 - reported through the agreement, never lost
             self.error = f"{type(exc).__name__}: {exc}"
             self.traceback = traceback.format_exc()
         self.seconds = time.perf_counter() - started
+        # CPU time of the writing thread: an upper bound of the GIL it held (system calls included).
+        self.cpu_seconds = time.thread_time() - cpu_started
         self.snapshot = None  # free host copies as soon as they are on disk
 
     @property
@@ -207,6 +211,12 @@ class CheckpointManager:
         self.provenance = provenance
         self._pool = PinnedPool() if asynchronous else None
         self._writer = _BackgroundWriter() if asynchronous else None
+        # The h5py layout of asynchronous saves runs in a helper process (off this process's GIL);
+        # started now, so that it has imported h5py by the first save.
+        self._layout_process = None
+        if asynchronous and storage == layout.LAYOUT_PER_RANK and layout_process.enabled():
+            self._layout_process = layout_process.LayoutProcess()
+            self._layout_process.start()
         self._scratch = bulk.Scratch()  # pack buffers for strided arrays, reused between saves
         # Commits of background writes agree through non-blocking reductions on a private
         # communicator, so they never match the application's own collectives.
@@ -214,6 +224,7 @@ class CheckpointManager:
         self._pending = None
         self.last_save_seconds = 0.0      # time save() blocked the caller
         self.last_write_seconds = 0.0     # time the files took to write (background or not)
+        self.last_write_cpu_seconds = 0.0  # CPU time of the thread that wrote them
         self.last_bytes = 0               # field and particle bytes this rank wrote last time
 
     # ------------------------------------------------------------------ saving
@@ -287,11 +298,16 @@ class CheckpointManager:
             write_single_file(job.temporary / layout.MASTER_FILE, job.snapshot, job.index, self.comm, self.app,
                               self.provenance)
             return
+        helper = self._layout_process if self.asynchronous else None
+        master = job.temporary / layout.MASTER_FILE
+        if helper is not None and rank == 0:
+            # Sent with the rank file's layout request: the helper writes the master while this
+            # thread pwrites the rank file's bytes.
+            helper.queue_master_file(master, job.snapshot, job.index, self.app, n_ranks, self.provenance)
         write_rank_file(job.temporary / layout.rank_file_name(rank), job.snapshot, rank, n_ranks, self.app,
-                        self.compression, scratch=self._scratch)
-        if rank == 0:
-            write_master_file(job.temporary / layout.MASTER_FILE, job.snapshot, job.index, self.app, n_ranks,
-                              self.provenance)
+                        self.compression, scratch=self._scratch, layout_process=helper)
+        if rank == 0 and (helper is None or not helper.master_file_written()):
+            write_master_file(master, job.snapshot, job.index, self.app, n_ranks, self.provenance)
 
     def _discard(self, temporary: Path) -> None:
         if self.comm.rank == 0:
@@ -300,10 +316,9 @@ class CheckpointManager:
     def _publish(self, job: _WriteJob) -> None:
         """Rank 0: make the written checkpoint visible (atomic rename) and remove old ones."""
         fault_point("before-rename", 0)
-        if job.final.exists():  # the same step saved again (a restart from an older checkpoint)
-            remove_tree(job.final)
-        rename_durably(job.temporary, job.final)
-        self._prune()
+        helper = self._layout_process if self.asynchronous else None
+        if helper is None or not helper.publish_checkpoint(job.temporary, job.final, self.keep):
+            publish_checkpoint(job.temporary, job.final, self.keep)
 
     def _info_of(self, job: _WriteJob) -> CheckpointInfo:
         return CheckpointInfo(path=job.final, step=int(layout.step_of(job.final.name)), app=self.app,
@@ -314,6 +329,7 @@ class CheckpointManager:
 
     def _commit_blocking(self, job: _WriteJob) -> CheckpointInfo:
         self.last_write_seconds = job.seconds
+        self.last_write_cpu_seconds = job.cpu_seconds
         failures = self.comm.mpi.allgather(job.error)
         failed = [f"rank {r}: {e}" for r, e in enumerate(failures) if e]
         if failed:
@@ -390,6 +406,7 @@ class CheckpointManager:
     def _finish_background(self, job: _WriteJob, replicated: bool) -> CheckpointInfo:
         self._pending = None
         self.last_write_seconds = job.seconds
+        self.last_write_cpu_seconds = job.cpu_seconds
         error_type = _replicated_error if replicated else CheckpointError
         if not job.succeeded:
             self._discard(job.temporary)
@@ -405,6 +422,9 @@ class CheckpointManager:
         self.wait()
         if self._writer is not None:
             self._writer.close()
+        if self._layout_process is not None:
+            self._layout_process.close()
+            self._layout_process = None
         if self._commit_comm is not None:
             self._commit_comm.Free()
             self._commit_comm = None
@@ -423,12 +443,6 @@ class CheckpointManager:
             return []
         found = [(layout.step_of(p.name), p) for p in self.directory.iterdir() if p.is_dir()]
         return [p for step, p in sorted((s, p) for s, p in found if s is not None)]
-
-    def _prune(self) -> None:
-        for path in self.checkpoints()[:-self.keep]:
-            remove_tree(path)
-        for path in self.directory.glob(f"ckpt_*{layout.TEMPORARY_SUFFIX}"):
-            remove_tree(path)  # debris of crashed saves (nothing else is in flight now)
 
     # ------------------------------------------------------------------ finding
     def _candidates(self, which) -> list[Path]:

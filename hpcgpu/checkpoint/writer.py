@@ -15,6 +15,7 @@ import datetime
 import json
 import math
 import os
+from typing import NamedTuple
 
 import numpy as np
 
@@ -137,38 +138,82 @@ def _write_tiled(handle, path: str, array: np.ndarray, compression, checksum_pat
     checksums.attrs["tile_shape"] = np.asarray(tile, dtype=np.int64)
 
 
-def write_rank_file(path, snapshot, rank: int, n_ranks: int, app: str, compression=None,
-                    scratch: bulk.Scratch | None = None) -> None:
-    """Write this rank's blocks and particles with their checksums; fsync.
+class ArraySpec(NamedTuple):
+    """What the layout of one array needs (no data): picklable, sent to the layout process."""
 
-    Without compression, h5py only lays the file out (attributes, contiguous datasets with their
-    storage allocated, closed) and the array bytes and checksums go in with ``os.pwrite`` (see
-    :mod:`hpcgpu.checkpoint.bulk`: no GIL held while writing). With compression, or a dtype h5py
-    stores differently from NumPy, that array goes through h5py, chunked by checksum tile.
+    name: str            # dataset path in the rank file (``fields/h``)
+    shape: tuple
+    dtype: np.dtype
+    checksum_path: str   # its CRC32 dataset (``checksums/fields/h``)
+
+
+class LayoutNeedsData(Exception):
+    """Raised by :func:`lay_out_rank_file` without ``arrays`` when an array must go through h5py."""
+
+
+def rank_file_contents(snapshot, rank: int, n_ranks: int, app: str) -> tuple[dict, list, list]:
+    """``(attributes, specs, arrays)`` of this rank's file: root attributes, one :class:`ArraySpec`
+    and one host array per field block and particle array."""
+    attributes = {"format": layout.FORMAT, "format_version": layout.FORMAT_VERSION, "app": app,
+                  "step": np.int64(snapshot.step), "rank": np.int64(rank), "n_ranks": np.int64(n_ranks)}
+    entries = ([(f"fields/{name}", block.data, f"checksums/fields/{name}") for name, block in snapshot.fields.items()]
+               + [(f"particles/{name}", array, f"checksums/particles/{name}")
+                  for name, array in snapshot.particles.items()])
+    specs = [ArraySpec(name, tuple(int(n) for n in array.shape), array.dtype, checksum_path)
+             for name, array, checksum_path in entries]
+    return attributes, specs, [array for _, array, _ in entries]
+
+
+def needs_data(specs, compression) -> bool:
+    """True if some array of ``specs`` must be written through h5py (so the layout needs the data)."""
+    return compression is not None or any(math.prod(s.shape) and not bulk.raw_writable(s.dtype) for s in specs)
+
+
+def lay_out_rank_file(path, attributes: dict, specs: list, compression=None, arrays: list | None = None) -> list:
+    """Create the rank file with h5py: attributes, and every array's datasets; close it.
+
+    Arrays that :mod:`~hpcgpu.checkpoint.bulk` can write get contiguous, allocated, unfilled
+    datasets (data and checksums) whose offsets are returned; the others (compressed, a dtype h5py
+    stores differently, empty) are written through h5py here, chunked by tile, from ``arrays``.
+    This is all the h5py work of a rank file, so it is what the layout process runs
+    (:mod:`~hpcgpu.checkpoint.layout_process`, ``arrays=None``).
+
+    Returns
+    -------
+    list, one entry per spec
+        ``(tile, data offset, checksum offset)`` for an array to fill with :func:`fill_rank_file`,
+        None for an array already written.
+
+    Raises
+    ------
+    LayoutNeedsData
+        ``arrays`` is None and a non-empty array must go through h5py.
     """
     import h5py
 
-    snapshot.wait_ready()
-    scratch = scratch or bulk.Scratch()
-    arrays = ([(f"fields/{name}", block.data, f"checksums/fields/{name}") for name, block in snapshot.fields.items()]
-              + [(f"particles/{name}", array, f"checksums/particles/{name}")
-                 for name, array in snapshot.particles.items()])
-    raw = []  # (array, tile, data offset, checksum offset) for the pwrite phase
+    placements = []
     with h5py.File(path, "w") as handle:
-        handle.attrs["format"] = layout.FORMAT
-        handle.attrs["format_version"] = layout.FORMAT_VERSION
-        handle.attrs["app"] = app
-        handle.attrs["step"] = np.int64(snapshot.step)
-        handle.attrs["rank"] = np.int64(rank)
-        handle.attrs["n_ranks"] = np.int64(n_ranks)
+        for key, value in attributes.items():
+            handle.attrs[key] = value
         properties = bulk.contiguous_creation_properties()
-        for name, array, checksum_path in arrays:
-            if compression is None and array.size and bulk.raw_writable(array.dtype):
-                placed = _allocate(handle, name, array, checksum_path, properties)
+        for number, spec in enumerate(specs):
+            size = math.prod(spec.shape)
+            if compression is None and size and bulk.raw_writable(spec.dtype):
+                placed = _allocate(handle, spec, properties)
                 if placed is not None:
-                    raw.append(placed)
+                    placements.append(placed)
                     continue
-            _write_tiled(handle, name, array, compression, checksum_path)
+            if arrays is None and size:
+                raise LayoutNeedsData(spec.name)
+            array = arrays[number] if arrays is not None else np.empty(spec.shape, spec.dtype)
+            _write_tiled(handle, spec.name, array, compression, spec.checksum_path)
+            placements.append(None)
+    return placements
+
+
+def fill_rank_file(path, arrays: list, placements: list, rank: int, scratch: bulk.Scratch) -> None:
+    """``os.pwrite`` the arrays' bytes and tile CRCs into the offsets of :func:`lay_out_rank_file`; fsync."""
+    raw = [(array, *placed) for array, placed in zip(arrays, placements) if placed is not None]
     if raw:
         descriptor = os.open(path, os.O_WRONLY)
         try:
@@ -186,27 +231,64 @@ def write_rank_file(path, snapshot, rank: int, n_ranks: int, app: str, compressi
     fault_point("after-rank-file", rank)
 
 
-def _allocate(handle, name: str, array: np.ndarray, checksum_path: str, properties):
-    """Create ``name`` and its checksums as contiguous, allocated, unfilled datasets.
+def write_rank_file(path, snapshot, rank: int, n_ranks: int, app: str, compression=None,
+                    scratch: bulk.Scratch | None = None, layout_process=None) -> None:
+    """Write this rank's blocks and particles with their checksums; fsync.
 
-    Returns ``(array, tile, data offset, checksum offset)``, or None (both removed again) if HDF5
-    did not lay the bytes out as NumPy does.
+    Without compression, h5py only lays the file out (attributes, contiguous datasets with their
+    storage allocated, closed) and the array bytes and checksums go in with ``os.pwrite`` (see
+    :mod:`hpcgpu.checkpoint.bulk`: no GIL held while writing). With compression, or a dtype h5py
+    stores differently from NumPy, that array goes through h5py, chunked by checksum tile.
+
+    ``layout_process`` (a :class:`~hpcgpu.checkpoint.layout_process.LayoutProcess`, asynchronous
+    saves): the h5py layout runs in that helper process, so this (writer) thread holds the GIL
+    only briefly; if the helper is unavailable, or the layout needs the data, it runs here.
     """
-    tile = layout.tile_shape(array.shape, array.dtype.itemsize)
-    grid = layout.tile_grid(array.shape, tile)
-    dataset = handle.create_dataset(name, shape=array.shape, dtype=array.dtype, dcpl=properties)
-    checksums = handle.create_dataset(checksum_path, shape=grid, dtype="<u4", dcpl=properties)
+    attributes, specs, arrays = rank_file_contents(snapshot, rank, n_ranks, app)
+    placements = None
+    if layout_process is not None and not needs_data(specs, compression):
+        placements = layout_process.lay_out_rank_file(path, attributes, specs)  # None: do it here
+    snapshot.wait_ready()  # after the remote layout: the device-to-host copies overlap it
+    if placements is None:
+        placements = lay_out_rank_file(path, attributes, specs, compression, arrays)
+    fill_rank_file(path, arrays, placements, rank, scratch or bulk.Scratch())
+
+
+def _allocate(handle, spec: ArraySpec, properties):
+    """Create ``spec.name`` and its checksums as contiguous, allocated, unfilled datasets.
+
+    Returns ``(tile, data offset, checksum offset)``, or None (both removed again) if HDF5 did not
+    lay the bytes out as NumPy does.
+    """
+    tile = layout.tile_shape(spec.shape, spec.dtype.itemsize)
+    grid = layout.tile_grid(spec.shape, tile)
+    dataset = handle.create_dataset(spec.name, shape=spec.shape, dtype=spec.dtype, dcpl=properties)
+    checksums = handle.create_dataset(spec.checksum_path, shape=grid, dtype="<u4", dcpl=properties)
     checksums.attrs["tile_shape"] = np.asarray(tile, dtype=np.int64)
     data_offset, checksum_offset = dataset.id.get_offset(), checksums.id.get_offset()
-    if (data_offset is None or checksum_offset is None or dataset.id.get_storage_size() != array.nbytes
+    if (data_offset is None or checksum_offset is None
+            or dataset.id.get_storage_size() != math.prod(spec.shape) * spec.dtype.itemsize
             or checksums.id.get_storage_size() != 4 * math.prod(grid)):
-        del handle[name], handle[checksum_path]
+        del handle[spec.name], handle[spec.checksum_path]
         return None
-    return array, tile, data_offset, checksum_offset
+    return tile, int(data_offset), int(checksum_offset)
 
 
-def write_master_file(path, snapshot, index: dict, app: str, n_ranks: int, provenance: dict) -> None:
-    """Rank 0: metadata, replicated state, index, and Virtual Datasets over the rank files; fsync."""
+class MasterContent(NamedTuple):
+    """The part of a snapshot the master file needs (picklable, sent to the layout process)."""
+
+    step: int
+    metadata: dict
+    replicated: dict
+
+
+def write_master_file(path, snapshot, index: dict, app: str, n_ranks: int, provenance: dict,
+                      fault=fault_point) -> None:
+    """Rank 0: metadata, replicated state, index, and Virtual Datasets over the rank files; fsync.
+
+    ``snapshot`` needs ``step``, ``metadata`` and ``replicated`` (a Snapshot or a :class:`MasterContent`).
+    ``fault(name, rank)`` is the fault-injection hook (the layout process passes its own).
+    """
     import h5py
 
     with h5py.File(path, "w") as handle:
@@ -234,7 +316,7 @@ def write_master_file(path, snapshot, index: dict, app: str, n_ranks: int, prove
                                                 shape=(count,) + trailing)
                     virtual[offsets[rank]:offsets[rank] + count] = source
             handle.create_virtual_dataset(f"particles/{name}", virtual)
-        fault_point("mid-master", 0)
+        fault("mid-master", 0)
         write_replicated(handle.create_group("replicated"), snapshot.replicated)
         _write_index(handle.create_group("index"), index)
         handle.flush()

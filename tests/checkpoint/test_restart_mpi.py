@@ -66,6 +66,17 @@ def test_a_rank_killed_mid_write_leaves_the_previous_checkpoint_loadable(tmp_pat
     assert final == reference
 
 
+def test_rank_0_killed_while_its_layout_process_writes_the_master_leaves_the_previous_checkpoint(tmp_path, reference):
+    """Asynchronous saves write the master in the layout process; the injected fault still ends rank 0."""
+    directory = tmp_path / "ckpt"
+    crashed = toy(2, directory, "--steps", STEPS, "--every", 10, "--asynchronous", "--fault-at-step", 20,
+                  "--fault", "mid-master")
+    assert crashed.returncode != 0
+    assert {p.name for p in directory.iterdir()} == {"ckpt_000000010", "ckpt_000000020.tmp"}
+    final = finished(2, directory, tmp_path / "b.json", "--steps", STEPS, "--restart", "latest")
+    assert final == reference
+
+
 def test_sigusr1_on_one_rank_checkpoints_all_and_exits_for_requeue(tmp_path, reference):
     directory = tmp_path / "ckpt"
     stopped = toy(3, directory, "--steps", 1000, "--signal-rank", 1, "--signal-step", 7)

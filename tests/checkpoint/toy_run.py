@@ -109,6 +109,7 @@ def main():
 
         def save():
             if options.fault_at_step == step_index:
+                ckpt.wait()  # an earlier asynchronous write must not meet the fault (it reads the variable late)
                 os.environ[FAULT_VARIABLE] = options.fault
             ckpt.save(step_index, fields={"u": field}, particles=particles,
                       replicated={"time": model_time, "rng_state": rng.bit_generator.state,
