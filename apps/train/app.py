@@ -217,9 +217,9 @@ def cpu_thread_limits(options, comm, arch):
 
 def run(options, comm) -> dict:
     """Train as configured; returns the summary record (on every rank)."""
-    from hpcgpu.checkpoint import EXIT_REQUEUE, CheckpointManager, Preemption
+    from hpcgpu.app.checkpointing import RunControl
 
-    from .checkpointing import restore_training_checkpoint, save_training_checkpoint
+    from .checkpointing import restore_training_checkpoint, training_checkpoint_payload
     from .distributed import evaluate_distributed, make_sync, replicas_identical
     from .loader import ShardedLoader
     from .trainer import Trainer, init_train_state, train_step
@@ -241,15 +241,18 @@ def run(options, comm) -> dict:
     env = environment(comm, arch)
     if comm.rank == 0:
         write_json(output / "environment.json", {"environment": env, "options": vars(options)})
-    manager = CheckpointManager(comm, options.checkpoint_dir, app="apps.train", keep=options.keep,
-                                asynchronous=options.async_checkpoint)
+    # Training steps are long: the ranks agree on stopping (signal, wall-time limit) after every step.
+    control = RunControl(comm, options, app="apps.train", output=output, quiet=options.quiet, stop_check_every=1)
     history = {"step": [], "loss": [], "eval_step": [], "test_loss": [], "test_accuracy": []}
-    if options.restart == "latest" and not manager.checkpoints():
-        if loud:   # the first job of a chain: nothing to continue from yet
-            print(f"--restart latest: no checkpoint in {manager.directory}; starting from the beginning")
-    elif options.restart:
-        history.update(restore_training_checkpoint(manager, options.restart, trainer, state, sync,
-                                                   options.model))
+
+    def load(manager, which):
+        history.update(restore_training_checkpoint(manager, which, trainer, state, sync, options.model))
+        return state.step
+
+    def checkpoint_state():
+        return training_checkpoint_payload(trainer, state, sync, history, options.model)
+
+    control.restore_with(load)
     first_step = state.step
     with cpu_thread_limits(options, comm, arch) as threads_note:
         sync.measure_allreduce_alone()
@@ -257,13 +260,11 @@ def run(options, comm) -> dict:
             _print_header(options, comm, arch, trainer, data, sync, threads_note, first_step)
         timers = PhaseTimers(arch)
         progress = Progress(comm, options.steps, unit="steps", enabled=not options.quiet, first=first_step)
-        preemption = Preemption(comm, wall_time_limit=options.wall_time_limit)
         loader = ShardedLoader(data.source, options.batch_size, options.seed, comm.rank, comm.size,
                                start_step=first_step, arch=arch)
         x_test = y_test = None
         if data.test is not None:
             x_test, y_test = arch.from_host(data.test[0]), arch.from_host(data.test[1])
-        io_seconds = 0.0
         comm.barrier()
         arch.synchronize()
         started = time.perf_counter()
@@ -285,31 +286,16 @@ def run(options, comm) -> dict:
                 elapsed = time.perf_counter() - started
                 rate = options.batch_size * (state.step - first_step) / elapsed if elapsed > 0 else 0.0
                 progress.update(state.step, f"loss {metrics.loss:.4f}  {rate:,.0f} samples/s")
-                manager.poll()
-                if preemption.should_stop(state.step):
-                    save_training_checkpoint(manager, trainer, state, sync, history, options.model)
-                    manager.wait()
-                    if loud:
-                        print(f"\nstopping at step {state.step}: {preemption.reason}; checkpoint written, "
-                              f"exit {EXIT_REQUEUE} (restart with --restart latest)", flush=True)
-                    raise SystemExit(EXIT_REQUEUE)
-                if options.checkpoint_every and state.step % options.checkpoint_every == 0:
-                    saving = time.perf_counter()
-                    save_training_checkpoint(manager, trainer, state, sync, history, options.model)
-                    io_seconds += time.perf_counter() - saving
-                    preemption.record_checkpoint_seconds(manager.last_save_seconds + manager.last_write_seconds)
-            if options.checkpoint_every and state.step % options.checkpoint_every and state.step > first_step:
-                saving = time.perf_counter()   # the end of the run is a checkpoint too
-                save_training_checkpoint(manager, trainer, state, sync, history, options.model)
-                io_seconds += time.perf_counter() - saving
+                control.after_step(state.step, checkpoint_state, timers)   # periodic save; stop on request
+            finishing = time.perf_counter()
+            control.finish(state.step, checkpoint_state)   # the end of the run is a checkpoint too
+            finish_seconds = time.perf_counter() - finishing
             arch.synchronize()
             wall = time.perf_counter() - started
         finally:
             loader.close()
-            preemption.close()
-        closing = time.perf_counter()
-        manager.close()
-        timers.add("io", loader.io_seconds + io_seconds + time.perf_counter() - closing)
+            control.close()   # after an error too: no writer thread or signal handler left behind
+        timers.add("io", loader.io_seconds + finish_seconds)
         if x_test is not None and (not history["eval_step"] or history["eval_step"][-1] != state.step):
             _evaluate_into(history, trainer, state, x_test, y_test, comm, evaluate_distributed)
     params = to_numpy(state.precision.master_params)

@@ -29,11 +29,10 @@ from hpcgpu.errors import ConfigurationError
 from ._backend import array_module, to_numpy
 
 
-def save_training_checkpoint(manager, trainer, state, sync, history, model_name):
-    """Collective: write a checkpoint of ``state`` at ``state.step``.
+def training_checkpoint_payload(trainer, state, sync, history, model_name) -> dict:
+    """Collective (ZeRO gathers the optimiser state): ``{"replicated": ..., "metadata": ...}`` of ``state``.
 
-    Returns the :class:`hpcgpu.checkpoint.CheckpointInfo` (None while an
-    asynchronous write is in flight).
+    The shape :class:`hpcgpu.app.checkpointing.RunControl` saves; every value is identical on every rank.
     """
     config = trainer.config
     replicated = {
@@ -51,7 +50,17 @@ def save_training_checkpoint(manager, trainer, state, sync, history, model_name)
     metadata = {"model": model_name, "precision": config.precision,
                 "global_batch_size": int(config.global_batch_size),
                 "zero_stage": int(getattr(sync, "zero_stage", 0))}
-    return manager.save(state.step, replicated=replicated, metadata=metadata)
+    return {"replicated": replicated, "metadata": metadata}
+
+
+def save_training_checkpoint(manager, trainer, state, sync, history, model_name):
+    """Collective: write a checkpoint of ``state`` at ``state.step``.
+
+    Returns the :class:`hpcgpu.checkpoint.CheckpointInfo` (None while an
+    asynchronous write is in flight).
+    """
+    payload = training_checkpoint_payload(trainer, state, sync, history, model_name)
+    return manager.save(state.step, replicated=payload["replicated"], metadata=payload["metadata"])
 
 
 def restore_training_checkpoint(manager, which, trainer, state, sync, model_name):

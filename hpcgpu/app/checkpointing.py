@@ -9,7 +9,8 @@ The loop of an app reads::
         control.after_step(step, state_fn)              # periodic save; stop on signal / time limit
     control.finish(step, state_fn)
 
-``state_fn()`` returns ``{"fields": {...}, "particles": {...}, "replicated": {...}}`` for
+``state_fn()`` returns ``{"fields": {...}, "particles": {...}, "replicated": {...}, "metadata": {...}}``
+(any subset) for
 :meth:`hpcgpu.checkpoint.CheckpointManager.save`. A stop request (SIGTERM/SIGUSR1, the wall-time
 limit) writes a final checkpoint and ends every rank with :data:`EXIT_REQUEUE` (75), which the job
 scripts use to requeue; ``--restart latest`` then continues. ``--restart latest`` with no checkpoint at
@@ -29,7 +30,10 @@ STOP_CHECK_EVERY = 10
 class RunControl:
     """Checkpointing and stop requests of one run, configured from the common flags."""
 
-    def __init__(self, comm, options, app: str, output, quiet: bool = False):
+    def __init__(self, comm, options, app: str, output, quiet: bool = False,
+                 stop_check_every: int = STOP_CHECK_EVERY):
+        """``stop_check_every``: steps between the ranks' agreement on stopping (one small allreduce);
+        an app whose steps are long (training) checks every step."""
         from hpcgpu.checkpoint import EXIT_REQUEUE, CheckpointManager, Preemption
 
         self.comm, self.options, self.app = comm, options, app
@@ -43,29 +47,54 @@ class RunControl:
         self.preemption = Preemption(comm, wall_time_limit=options.wall_time_limit)
         self.exit_code = EXIT_REQUEUE
         self.last_saved_step = None
-        self._next_stop_check = STOP_CHECK_EVERY
+        self.stop_check_every = max(1, int(stop_check_every))
+        self._closed = False
+        self._next_stop_check = self.stop_check_every
 
-    def restore(self, fields=None, particles: bool = False, select_fn=None):
-        """Load ``--restart`` into ``fields`` (filled in place); returns the RestoredState or None."""
+    def restart_requested(self) -> bool:
+        """True if ``--restart`` names a checkpoint to continue from.
+
+        ``--restart latest`` with no checkpoint yet is a fresh start (the first job of a chain): it
+        says so once and returns False.
+        """
         which = self.options.restart
         if which is None:
-            return None
+            return False
         if which == "latest" and not self.manager.checkpoints():
             if self.loud:
                 print(f"--restart latest: no checkpoint in {self.manager.directory}; starting from the beginning")
+            return False
+        return True
+
+    def restore(self, fields=None, particles: bool = False, select_fn=None):
+        """Load ``--restart`` into ``fields`` (filled in place); returns the RestoredState or None."""
+        if not self.restart_requested():
             return None
-        restored = self.manager.load(which, fields=fields, particles=particles, particle_select_fn=select_fn)
+        restored = self.manager.load(self.options.restart, fields=fields, particles=particles,
+                                     particle_select_fn=select_fn)
         self.last_saved_step = restored.step
         if self.loud:
             print(f"restarted from {restored.info.path} (step {restored.step}, written by {restored.info.n_ranks} ranks)")
         return restored
+
+    def restore_with(self, load_fn):
+        """:meth:`restore` for apps that read their own checkpoint contents.
+
+        ``load_fn(manager, which)`` loads ``--restart`` into the app's state and returns the step it
+        continues from; returns that step, or None for a fresh start.
+        """
+        if not self.restart_requested():
+            return None
+        step = load_fn(self.manager, self.options.restart)
+        self.last_saved_step = step
+        return step
 
     def save(self, step: int, state_fn) -> None:
         if self.last_saved_step == step:
             return
         state = state_fn()
         self.manager.save(step, fields=state.get("fields"), particles=state.get("particles"),
-                          replicated=state.get("replicated"))
+                          replicated=state.get("replicated"), metadata=state.get("metadata"))
         self.preemption.record_checkpoint_seconds(self.manager.last_save_seconds + self.manager.last_write_seconds)
         self.last_saved_step = step
 
@@ -86,7 +115,7 @@ class RunControl:
         # Steps may advance by more than one (CUDA graphs replay several): check by threshold.
         if step < self._next_stop_check:
             return
-        self._next_stop_check = step + STOP_CHECK_EVERY
+        self._next_stop_check = step + self.stop_check_every
         if self.preemption.should_stop(step):
             self.save(step, state_fn)
             self.manager.wait()
@@ -105,5 +134,9 @@ class RunControl:
         self.close()
 
     def close(self) -> None:
+        """Wait for writes, stop the writer and restore the signal handlers (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
         self.manager.close()
         self.preemption.close()

@@ -70,8 +70,8 @@ def test_restart_continues_with_identical_losses(tmp_path, data_file):
     assert restarted["checksum"] == straight["checksum"]
     assert restarted["diagnostics"]["loss_scale"] == straight["diagnostics"]["loss_scale"]
 
-    # preemption: a wall-time limit of 0 s stops after the first step with a checkpoint and exit 75
-    stopped = run_app(tmp_path, 2, *args, "--checkpoint-dir", str(tmp_path / "pre"), "--wall-time-limit", "0",
+    # preemption: a wall-time limit already reached stops after the first step with a checkpoint and exit 75
+    stopped = run_app(tmp_path, 2, *args, "--checkpoint-dir", str(tmp_path / "pre"), "--wall-time-limit", "0.001",
                       name="stopped", expect=EXIT_REQUEUE)
     assert "ckpt_000000001" in str(list((tmp_path / "pre").iterdir())), stopped.output
     resumed = run_app(tmp_path, 2, *args, "--checkpoint-dir", str(tmp_path / "pre"), "--restart", "latest",
