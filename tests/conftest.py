@@ -45,6 +45,12 @@ def _gpu_available() -> bool:
     return probe_cupy()[0]
 
 
+@pytest.fixture(scope="session")
+def cupy():
+    """CuPy, for tests marked ``gpu``; the marker already skips them where no GPU is usable."""
+    return pytest.importorskip("cupy")
+
+
 @pytest.fixture
 def mpi_ranks(request):
     """Number of ranks of this parametrisation (set by the ``mpi`` marker)."""

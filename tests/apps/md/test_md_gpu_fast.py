@@ -15,15 +15,6 @@ from apps.md import distributed, lattice, potential, serial, watch
 pytestmark = pytest.mark.gpu
 
 
-def _cupy():
-    cupy = pytest.importorskip("cupy")
-    try:
-        cupy.cuda.runtime.getDeviceCount()
-    except Exception:
-        pytest.skip("no CUDA device")
-    return cupy
-
-
 def _fcc(cells=6, seed=3):
     positions, atom_ids, box = lattice.make_lattice("fcc", 0.8442, (cells,) * 3)
     rng = np.random.default_rng(seed)
@@ -32,12 +23,11 @@ def _fcc(cells=6, seed=3):
 
 
 @pytest.mark.mpi(ranks=[1, 2], timeout=300)
-def test_device_ghost_exchange_matches_host(comm):
+def test_device_ghost_exchange_matches_host(comm, cupy):
     """Build (flag kernel + prefix sum) and forward (gather, NCCL between ranks) against the NumPy path."""
     import hpcgpu
     from hpcgpu.particles import GhostExchange, ParticleDomain
 
-    cupy = _cupy()
     hpcgpu.arch.auto(comm, backend="cupy", allow_sharing=True)
     positions, atom_ids, box = _fcc()
     domain = ParticleDomain(comm, box, 2.8)
@@ -59,8 +49,7 @@ def test_device_ghost_exchange_matches_host(comm):
     np.testing.assert_array_equal(device_all.get(), host_all)
 
 
-def test_watch_kernel_matches_cpu():
-    cupy = _cupy()
+def test_watch_kernel_matches_cpu(cupy):
     rng = np.random.default_rng(1)
     n = 3000
     reference = rng.uniform(0, 10, (n, 3))
@@ -105,10 +94,9 @@ def _run(comm, xp, dtype, check_interval, cells=6, steps=60, fixed_schedule=Fals
 
 
 @pytest.mark.mpi(ranks=[1, 2], timeout=300)
-def test_gpu_lazy_checks_match_every_step_check_and_cpu(comm, monkeypatch):
+def test_gpu_lazy_checks_match_every_step_check_and_cpu(comm, monkeypatch, cupy):
     import hpcgpu
 
-    cupy = _cupy()
     hpcgpu.arch.auto(comm, backend="cupy", allow_sharing=True)
     cpu, cpu_state = _run(comm, np, np.float64, check_interval=1)
     eager, eager_state = _run(comm, cupy, np.float64, check_interval=1)
@@ -120,11 +108,10 @@ def test_gpu_lazy_checks_match_every_step_check_and_cpu(comm, monkeypatch):
 
 
 @pytest.mark.mpi(ranks=[1, 2], timeout=300)
-def test_gpu_fp32_in_lj_follows_fp64_cpu_for_100_steps(comm):
+def test_gpu_fp32_in_lj_follows_fp64_cpu_for_100_steps(comm, cupy):
     """in.lj (32,000 atoms), default GPU settings (lazy checks) in fp32 vs the CPU in fp64."""
     import hpcgpu
 
-    cupy = _cupy()
     hpcgpu.arch.auto(comm, backend="cupy", allow_sharing=True)
     fast, state = _run(comm, cupy, np.float32, check_interval=None, cells=20, steps=100)
     reference, _ = _run(comm, np, np.float64, check_interval=1, cells=20, steps=100)

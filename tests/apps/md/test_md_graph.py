@@ -15,17 +15,7 @@ from apps.md import cells, distributed, lattice, potential, serial
 pytestmark = pytest.mark.gpu
 
 
-def _cupy():
-    cupy = pytest.importorskip("cupy")
-    try:
-        cupy.cuda.runtime.getDeviceCount()
-    except Exception:
-        pytest.skip("no CUDA device")
-    return cupy
-
-
-def test_gpu_cell_list_equals_cpu():
-    cupy = _cupy()
+def test_gpu_cell_list_equals_cpu(cupy):
     rng = np.random.default_rng(5)
     positions = rng.uniform(0, 12, (5000, 3))
     grid = cells.make_cell_grid(np.zeros(3), np.full(3, 12.0), 0.0, 2.8)
@@ -59,9 +49,8 @@ def _run(comm, graph, dtype, thermostat, steps=100, cells_per_axis=6):
 
 
 @pytest.mark.mpi(ranks=[1], timeout=300)
-def test_graph_run_is_bitwise_the_eager_run(comm):
+def test_graph_run_is_bitwise_the_eager_run(comm, cupy):
     """NVE fp32, Langevin fp32 and fp64: 100 steps with rebuilds and lazy checks, graph on vs off."""
-    _cupy()
     for dtype, thermostat in ((np.float32, None), (np.float32, "langevin"), (np.float64, "langevin")):
         case = f"{np.dtype(dtype).name} {thermostat}"
         graph_thermo, graph_atoms, graph_state = _run(comm, True, dtype, thermostat)
@@ -78,9 +67,8 @@ def test_graph_run_is_bitwise_the_eager_run(comm):
 
 
 @pytest.mark.mpi(ranks=[1], timeout=300)
-def test_graph_run_is_reproducible(comm):
+def test_graph_run_is_reproducible(comm, cupy):
     """Two graph runs (GPU binning with atomics, then per-cell sorts) give the same bits."""
-    _cupy()
     first, first_atoms, _ = _run(comm, True, np.float32, "langevin", steps=60)
     second, second_atoms, _ = _run(comm, True, np.float32, "langevin", steps=60)
     np.testing.assert_array_equal(first, second)

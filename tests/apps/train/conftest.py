@@ -12,3 +12,11 @@ def pytest_configure(config):
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)
+
+
+@pytest.fixture(params=["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
+def xp(request):
+    """The array module of a parity test: NumPy (the CPU path), then CuPy (marked ``gpu``)."""
+    if request.param == "numpy":
+        return np
+    return request.getfixturevalue("cupy")

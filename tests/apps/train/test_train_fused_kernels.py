@@ -22,19 +22,6 @@ from apps.train.optim_kernels import adamw_update, adamw_update_mixed
 from apps.train.trainer import TrainConfig, Trainer, init_train_state, train_step
 
 
-@pytest.fixture(params=["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
-def xp(request):
-    if request.param == "numpy":
-        return np
-    cupy = pytest.importorskip("cupy")
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no CUDA device")
-    except cupy.cuda.runtime.CUDARuntimeError:
-        pytest.skip("no CUDA device")
-    return cupy
-
-
 def host(array):
     return array.get() if hasattr(array, "get") else np.asarray(array)
 

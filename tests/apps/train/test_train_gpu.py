@@ -15,17 +15,6 @@ from apps.train.trainer import TrainConfig, Trainer, init_train_state, train_ste
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def cupy():
-    cupy = pytest.importorskip("cupy")
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no CUDA device")
-    except cupy.cuda.runtime.CUDARuntimeError:
-        pytest.skip("no CUDA device")
-    return cupy
-
-
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_im2col_parity(cupy, rng, dtype):
     x = rng.standard_normal((3, 4, 29)).astype(dtype)

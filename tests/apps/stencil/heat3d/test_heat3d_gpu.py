@@ -9,15 +9,6 @@ pytestmark = pytest.mark.gpu
 cupy = pytest.importorskip("cupy")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _require_device():
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no CUDA device")
-    except cupy.cuda.runtime.CUDARuntimeError:
-        pytest.skip("no CUDA device")
-
-
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize(
     "shape, region",

@@ -10,15 +10,6 @@ pytestmark = pytest.mark.gpu
 cupy = pytest.importorskip("cupy")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _require_device():
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no CUDA device")
-    except cupy.cuda.runtime.CUDARuntimeError:
-        pytest.skip("no CUDA device")
-
-
 def cpu_result(out, inp, region, fixed):
     out_cpu, residual = out.copy(), np.zeros(1)
     jacobi_sweep(out_cpu, inp, region, fixed, residual)

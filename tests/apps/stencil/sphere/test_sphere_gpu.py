@@ -32,17 +32,6 @@ pytestmark = pytest.mark.gpu
 RELATIVE = 1e-12
 
 
-@pytest.fixture(scope="module")
-def cupy():
-    cupy = pytest.importorskip("cupy")
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no CUDA device")
-    except cupy.cuda.runtime.CUDARuntimeError:
-        pytest.skip("no CUDA device")
-    return cupy
-
-
 def _relative_error(gpu, cpu):
     gpu = gpu.get() if hasattr(gpu, "get") else gpu
     scale = float(np.max(np.abs(cpu))) or 1.0

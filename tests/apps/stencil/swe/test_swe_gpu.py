@@ -24,17 +24,6 @@ pytestmark = pytest.mark.gpu
 PARAMETERS = SWEParameters(nx=70, ny=45, dx=20.0e3, dy=20.0e3, viscosity=50.0, hyperviscosity=2.0e10)
 
 
-@pytest.fixture(scope="module")
-def cupy():
-    cupy = pytest.importorskip("cupy")
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no CUDA device")
-    except cupy.cuda.runtime.CUDARuntimeError:
-        pytest.skip("no CUDA device")
-    return cupy
-
-
 @pytest.mark.parametrize("dtype, tolerance", [(np.float64, 1e-12), (np.float32, 1e-5)])
 def test_stage_gpu_matches_cpu(cupy, dtype, tolerance):
     rng = np.random.default_rng(21)
