@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -26,7 +25,7 @@ import hpcgpu
 from hpcgpu.app.checkpointing import RunControl
 from hpcgpu.app.checksum import hash_arrays
 from hpcgpu.app.cli import common_parser, non_negative_int, positive_int
-from hpcgpu.app.environment import environment
+from hpcgpu.app.environment import prepare_output
 from hpcgpu.app.main import run_app
 from hpcgpu.app.progress import Progress
 from hpcgpu.app.summary import make_summary, write_json
@@ -174,13 +173,8 @@ def run(options, comm) -> dict:
     config = make_config(options)
     arch = hpcgpu.arch.auto(comm, backend=options.backend, bind_cpus=options.bind_cpus)
     monitor = GpuMonitor.from_options(comm, arch, options)  # --monitor: NVML sampling thread, else a no-op
-    output = Path(options.output)
+    output = prepare_output(comm, arch, options)   # OUTPUT/environment.json
     loud = comm.rank == 0 and not options.quiet
-    if comm.rank == 0:
-        output.mkdir(parents=True, exist_ok=True)
-    env = environment(comm, arch)
-    if comm.rank == 0:
-        write_json(output / "environment.json", {"environment": env, "options": vars(options)})
     setup_started = time.perf_counter()
     state, atoms, config = build_state(comm, arch, options, config)
     control = RunControl(comm, options, app="apps.md", output=output, quiet=options.quiet)

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 
 import hpcgpu
 from hpcgpu.app.checkpointing import RunControl
 from hpcgpu.app.checksum import fields_checksum
 from hpcgpu.app.cli import common_parser, non_negative_int, positive_int
-from hpcgpu.app.environment import environment
+from hpcgpu.app.environment import prepare_output
 from hpcgpu.app.main import run_app
 from hpcgpu.app.progress import Progress
 from hpcgpu.app.summary import make_summary, write_json
@@ -151,13 +150,8 @@ def run(options, comm) -> dict:
     monitor = GpuMonitor.from_options(comm, arch, options)  # --monitor: NVML sampling thread, else a no-op
     model = make_model(comm, arch, options)
     steps = options.steps if options.steps is not None else getattr(model, "steps", None) or model.default_steps
-    output = Path(options.output)
+    output = prepare_output(comm, arch, options)   # OUTPUT/environment.json
     loud = comm.rank == 0 and not options.quiet
-    if comm.rank == 0:
-        output.mkdir(parents=True, exist_ok=True)
-    env = environment(comm, arch)
-    if comm.rank == 0:
-        write_json(output / "environment.json", {"environment": env, "options": vars(options)})
     if loud:
         print(f"apps.stencil {hpcgpu.__version__}: {model.describe()}")
         print(f"backend: {arch.name} ({arch.reason})")

@@ -21,7 +21,7 @@ from pathlib import Path
 import hpcgpu
 from hpcgpu.app.checksum import hash_arrays
 from hpcgpu.app.cli import common_parser, non_negative_int, positive_int
-from hpcgpu.app.environment import environment
+from hpcgpu.app.environment import prepare_output
 from hpcgpu.app.main import run_app
 from hpcgpu.app.progress import Progress
 from hpcgpu.app.summary import make_summary, write_json
@@ -234,13 +234,8 @@ def run(options, comm) -> dict:
     trainer = Trainer(model, train_config(options))
     sync = make_sync(comm, arch, options.zero, options.bucket_mb, options.nccl_channels)
     state = init_train_state(trainer, arch.xp, sync)
-    output = Path(options.output)
+    output = prepare_output(comm, arch, options)   # OUTPUT/environment.json
     loud = comm.rank == 0 and not options.quiet
-    if comm.rank == 0:
-        output.mkdir(parents=True, exist_ok=True)
-    env = environment(comm, arch)
-    if comm.rank == 0:
-        write_json(output / "environment.json", {"environment": env, "options": vars(options)})
     # Training steps are long: the ranks agree on stopping (signal, wall-time limit) after every step.
     control = RunControl(comm, options, app="apps.train", output=output, quiet=options.quiet, stop_check_every=1)
     history = {"step": [], "loss": [], "eval_step": [], "test_loss": [], "test_accuracy": []}

@@ -70,3 +70,20 @@ def environment(comm, arch) -> dict:
     facts["hosts"] = sorted({host for host, _ in hosts_and_gpus})
     facts["gpus"] = [g for _, g in hosts_and_gpus if g]
     return facts
+
+
+def prepare_output(comm, arch, options) -> Path:
+    """Collective: create ``options.output`` (rank 0) and record the run's environment and options there.
+
+    Writes ``OUTPUT/environment.json`` = ``{"environment": environment(comm, arch), "options": vars(options)}``,
+    so that any result in the directory can be reproduced. Returns the output directory.
+    """
+    from hpcgpu.app.summary import write_json
+
+    output = Path(options.output)
+    if comm.rank == 0:
+        output.mkdir(parents=True, exist_ok=True)
+    facts = environment(comm, arch)
+    if comm.rank == 0:
+        write_json(output / "environment.json", {"environment": facts, "options": vars(options)})
+    return output
