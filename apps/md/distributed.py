@@ -46,7 +46,7 @@ from .forces import compute_forces, compute_forces_per_atom
 from .ghosts import wrap_positions
 from .integrate import (langevin_forces, nose_hoover_half_step, velocity_verlet_first_half,
                         velocity_verlet_second_half)
-from .neighbors import build_neighbor_list, needs_rebuild
+from .neighbors import needs_rebuild, rebuild_neighbor_list
 from .potential import tail_corrections
 from .reduction import global_sums
 from .serial import MDConfig, MDState, thermostat_energy_per_atom
@@ -307,13 +307,7 @@ def rebuild(state: DistributedState, config: MDConfig, sort: bool = True, timers
         state.positions = xp.ascontiguousarray(xp.concatenate([owned, state.ghosts.positions]))
         state.types = xp.ascontiguousarray(xp.concatenate([state.types, state.ghosts.carried["types"]]))
         grid = make_cell_grid(domain.subbox.lower, domain.subbox.upper, width, width)
-        cell_list = bin_atoms(state.positions, grid)
-        previous = state.neighbor_list
-        state.neighbor_list = build_neighbor_list(state.positions, n_local, cell_list, grid,
-                                                  config.potential.max_cutoff, config.skin,
-                                                  capacity=None if previous is None else previous.capacity)
-    state.n_builds += 1
-    state.n_reallocations += state.neighbor_list.n_reallocations
+        rebuild_neighbor_list(state, n_local, grid, config.potential, config.skin)
     return carried
 
 

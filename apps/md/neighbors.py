@@ -26,7 +26,7 @@ import numpy as np
 from hpcgpu.errors import ConfigurationError
 
 from ._arrays import THREADS_PER_BLOCK, _is_cupy, array_module, blocks_for, check_array, raw_kernel
-from .cells import CellGrid, CellList
+from .cells import CellGrid, CellList, bin_atoms
 
 #: Capacity growth after an overflow: new capacity = ceil(needed * GROWTH) + 8.
 GROWTH = 1.25
@@ -65,6 +65,21 @@ def estimate_capacity(n_atoms: int, grid: CellGrid, cutoff: float) -> int:
     """Capacity guess: mean density of the grid times the cutoff sphere volume, with a 30 % margin."""
     density = n_atoms / float(np.prod(grid.cell_size) * grid.n_cells)
     return int(math.ceil(1.3 * density * 4.0 / 3.0 * math.pi * cutoff**3)) + 8
+
+
+def rebuild_neighbor_list(state, n_local: int, grid: CellGrid, potential, skin: float) -> None:
+    """Bin ``state.positions`` on ``grid`` and rebuild ``state.neighbor_list`` for its first ``n_local`` atoms.
+
+    The new list keeps the capacity the previous one grew to (no reallocation round again); counts the
+    build and its reallocations in ``state.n_builds`` / ``state.n_reallocations``. Shared by the serial
+    and the distributed driver.
+    """
+    cell_list = bin_atoms(state.positions, grid)
+    previous = state.neighbor_list
+    state.neighbor_list = build_neighbor_list(state.positions, n_local, cell_list, grid, potential.max_cutoff, skin,
+                                              capacity=None if previous is None else previous.capacity)
+    state.n_builds += 1
+    state.n_reallocations += state.neighbor_list.n_reallocations
 
 
 def build_neighbor_list(positions, n_local: int, cell_list: CellList, grid: CellGrid, pair_cutoff: float,

@@ -32,7 +32,7 @@ from .ghosts import make_periodic_ghosts, update_ghost_positions, wrap_positions
 from .lammps_data import LammpsData
 from .integrate import (NoseHooverState, langevin_forces, nose_hoover_energy, nose_hoover_half_step,
                         velocity_verlet_first_half, velocity_verlet_second_half)
-from .neighbors import NeighborList, build_neighbor_list, needs_rebuild
+from .neighbors import NeighborList, needs_rebuild, rebuild_neighbor_list
 from .potential import LennardJones, tail_corrections
 from .thermo import Thermo, degrees_of_freedom, kinetic_energy, thermo_sample
 
@@ -209,14 +209,8 @@ def rebuild(state: MDState, config: MDConfig, sort: bool = True) -> None:
     state.positions = xp.ascontiguousarray(xp.concatenate([owned, ghosts.positions]))
     state.types = xp.ascontiguousarray(xp.concatenate([state.types[:n_local], state.types[ghosts.source]]))
     state.ghost_source, state.ghost_shifts = ghosts.source, ghosts.shifts
-    grid = make_cell_grid(np.zeros(3), state.box, cutoff, cutoff)
-    cell_list = bin_atoms(state.positions, grid)
-    previous = state.neighbor_list
-    state.neighbor_list = build_neighbor_list(state.positions, n_local, cell_list, grid,
-                                              config.potential.max_cutoff, config.skin,
-                                              capacity=None if previous is None else previous.capacity)
-    state.n_builds += 1
-    state.n_reallocations += state.neighbor_list.n_reallocations
+    rebuild_neighbor_list(state, n_local, make_cell_grid(np.zeros(3), state.box, cutoff, cutoff), config.potential,
+                          config.skin)
 
 
 def thermo(state: MDState, config: MDConfig) -> Thermo:
