@@ -13,7 +13,7 @@ from tests.core.test_halo import CASES
 
 pytestmark = pytest.mark.gpu
 
-GPU_TRANSPORTS = ["nccl", "nccl-graph", "mpi-staged"]
+GPU_TRANSPORTS = ["nccl", "nccl-graph", "mpi-staged", "peer"]
 
 
 def _gpu_arch_or_skip(comm, transport_name):
@@ -22,8 +22,8 @@ def _gpu_arch_or_skip(comm, transport_name):
     import hpcgpu
 
     n_gpus = cupy.cuda.runtime.getDeviceCount()
-    if transport_name == "nccl" and comm.size > n_gpus:
-        pytest.skip(f"NCCL needs one GPU per rank: {comm.size} ranks, {n_gpus} GPU(s)")
+    if transport_name in ("nccl", "peer") and comm.size > n_gpus:
+        pytest.skip(f"{transport_name} needs one GPU per rank: {comm.size} ranks, {n_gpus} GPU(s)")
     return hpcgpu.arch.auto(comm, backend="cupy", allow_sharing=comm.size > n_gpus)
 
 
@@ -82,3 +82,46 @@ def test_gpu_collectives(comm):
     buffer = cupy.full(4, comm.rank, dtype=cupy.float64)
     assert cupy.all(comm.broadcast(buffer, root=n - 1) == n - 1)
     assert arch.is_gpu and arch.xp is cupy
+
+
+_SPIN_SOURCE = r"""
+extern "C" __global__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+}
+"""
+
+
+@pytest.mark.mpi(ranks=[2], timeout=120)
+@pytest.mark.parametrize("transport_name", ["nccl", "peer"])
+def test_gpu_exchanges_in_flight_never_race(comm, transport_name):
+    """Many exchanges queued without any host synchronisation, one rank's GPU delayed at random: every
+    ghost value read on the compute stream right after ``wait()`` is the neighbour's value of that very
+    exchange (a transport that overwrote ghosts early or let them be read late would show it)."""
+    import cupy
+
+    import hpcgpu
+    from hpcgpu.transport import make_transport
+
+    arch = _gpu_arch_or_skip(comm, transport_name)
+    transport = make_transport(transport_name, comm, arch)
+    spin = cupy.RawKernel(_SPIN_SOURCE, "spin")
+    grid = hpcgpu.Decomposition(comm, (64, 256), dims=(2, 1), periodic=(True, False))
+    fields = [hpcgpu.Field(grid, arch, halo_width=1, dtype="float64") for _ in range(2)]
+    n_exchanges = 400
+    history = cupy.zeros((n_exchanges, 2, 256), dtype=cupy.float64)
+    delays = np.random.default_rng(7 + comm.rank).integers(0, 3, n_exchanges)
+    with arch.on_stream(arch.compute_stream):
+        for i in range(n_exchanges):
+            target = fields[i % 2]   # ping-pong, as a two-buffer stencil
+            if delays[i] == 2:
+                spin((1,), (1,), (np.int64(200_000),))   # ~0.1 ms on this rank only
+            target.interior[...] = 1000.0 * i + comm.rank
+            pending = hpcgpu.exchange_halos([target], wait=False, corners=False, transport=transport)
+            pending.wait()
+            history[i, 0] = target.data[0, 1:-1]
+            history[i, 1] = target.data[-1, 1:-1]
+    arch.synchronize()
+    other = 1 - comm.rank
+    expected = (1000.0 * np.arange(n_exchanges) + other)[:, None, None] * np.ones((1, 2, 256))
+    assert np.array_equal(cupy.asnumpy(history), expected)
