@@ -26,7 +26,7 @@ from hpcgpu.app.progress import Progress
 from hpcgpu.app.summary import make_summary, write_json
 from hpcgpu.app.timers import PhaseTimers, format_timers
 from hpcgpu.errors import ConfigurationError, NumericalError
-from hpcgpu.transport import auto_transport_name, default_transport
+from hpcgpu.transport import auto_transport_name
 from hpcgpu.monitor import GpuMonitor, add_monitor_arguments
 
 MODELS = ("swe", "jacobi", "heat3d")
@@ -152,15 +152,12 @@ def run(options, comm) -> dict:
     steps = options.steps if options.steps is not None else getattr(model, "steps", None) or model.default_steps
     output = prepare_output(comm, arch, options)   # OUTPUT/environment.json
     loud = comm.rank == 0 and not options.quiet
-    transport_capturable = getattr(default_transport(comm, arch), "capturable", True)
     if loud:
         print(f"apps.stencil {hpcgpu.__version__}: {model.describe()}")
         print(f"backend: {arch.name} ({arch.reason})")
         print(f"ranks: {comm.size} on {comm.n_nodes} node(s); {model.grid}")
         if options.graph and not arch.is_gpu:
             print("note: --graph has no effect on the CPU")
-        if options.graph and arch.is_gpu and not transport_capturable:
-            print(f"note: --graph is ignored: the {auto_transport_name(arch)} transport cannot be captured in a CUDA graph")
         print(f"steps: {steps}", flush=True)
     control = RunControl(comm, options, app="apps.stencil", output=output, quiet=options.quiet)
     restored = control.restore(fields={f.name: f for f in model.fields})
@@ -177,8 +174,7 @@ def run(options, comm) -> dict:
     if hasattr(model, "after_step") and restored is None:
         model.after_step(timers, output, steps)  # output of the initial state
     while model.step_index < steps:
-        if (graph is None and options.graph and arch.is_gpu and transport_capturable and model.step_index >= 2
-                and model.capturable(2)):
+        if graph is None and options.graph and arch.is_gpu and model.step_index >= 2 and model.capturable(2):
             from hpcgpu.app.graph import StepGraph
 
             graph = StepGraph(arch, model, 2)

@@ -25,7 +25,8 @@ contiguous write on the receiver. With CuPy arrays everything stays on the devic
 (:mod:`hpcgpu.particles.device_ghosts`): the build selects rows with one kernel and a prefix sum; a
 refresh is one gather kernel for periodic images of this rank's own particles plus, between ranks, one
 NCCL group of sends and receives (``HPCGPU_TRANSPORT=mpi-staged``: host-staged MPI instead). Builds
-between ranks still stage the payload through the host (rebuild steps only).
+between ranks send the 26 counts by MPI and the rows by NCCL, like a refresh (the host-staged MPI
+build remains for NumPy arrays and without NCCL).
 Ghost arrays are allocated to the exact sizes exchanged at each build, so nothing can overflow.
 """
 
@@ -118,6 +119,9 @@ class GhostExchange:
                             for name, values in (carried or {}).items()}
             self._plan_device_forward()
             return
+        if self.is_cupy and use_nccl():
+            self._build_on_device(positions, carried or {})
+            return
         packed = self._pack(positions)
         sends = [(n.rank, _GHOST_TAG + k, packed[self.send_offsets[k]:self.send_offsets[k + 1]])
                  for k, n in enumerate(domain.neighbors)]
@@ -139,6 +143,55 @@ class GhostExchange:
             self.carried[name] = xp.ascontiguousarray(xp.asarray(np.concatenate(parts)))
         if self.is_cupy:
             self._plan_device_forward()
+
+    def _build_on_device(self, positions, carried: dict) -> None:
+        """GPU build between ranks: the 26 counts travel by MPI, the rows by NCCL (no host staging).
+
+        The ghost rows are then exactly what :meth:`forward` would write: the owned positions go
+        through one refresh, and each carried array through the same NCCL pattern without shifts.
+        """
+        import cupy
+
+        counts = exchange_into_counts(self.domain.mpi, self.send_counts,
+                                      [n.rank for n in self.domain.neighbors], self.sources)
+        self.receive_counts = counts
+        self.receive_offsets = np.concatenate([[0], np.cumsum(self.receive_counts)]).astype(np.int64)
+        self.n_ghost = int(self.receive_offsets[-1])
+        self._plan_device_forward()
+        padded = cupy.empty((self.n_local + self.n_ghost, 3), dtype=self.dtype)
+        padded[:self.n_local] = positions
+        self._forward_device(padded)
+        self.positions = padded[self.n_local:]
+        self.carried = {name: self._ghost_rows_of(values) for name, values in carried.items()}
+
+    def _ghost_rows_of(self, values):
+        """Ghost rows of a per-particle device array ``values`` (n_local, ...): same sources as the
+        positions, no periodic shift (build only: two host synchronisations for the masks)."""
+        import cupy
+        from cupy.cuda import nccl
+
+        values = cupy.ascontiguousarray(values)
+        row_shape = values.shape[1:]
+        row_bytes = values.dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
+        send = cupy.ascontiguousarray(values[self.remote_send_index])
+        n_received = sum(count for _, _, count in self.remote_receives)
+        received = cupy.empty((max(n_received, 1),) + row_shape, dtype=values.dtype)
+        if self.remote_sends or self.remote_receives:
+            stream = cupy.cuda.get_current_stream().ptr
+            nccl.groupStart()   # same order as _forward_device: receives, then sends, by direction
+            for peer, start, count in self.remote_receives:
+                if count:
+                    self.nccl.recv(received.data.ptr + start * row_bytes, count * row_bytes, nccl.NCCL_UINT8, peer, stream)
+            for peer, start, count in self.remote_sends:
+                if count:
+                    self.nccl.send(send.data.ptr + start * row_bytes, count * row_bytes, nccl.NCCL_UINT8, peer, stream)
+            nccl.groupEnd()
+        source = self.gather_source
+        rows = cupy.empty((self.n_ghost,) + row_shape, dtype=values.dtype)
+        own = source >= 0
+        rows[own] = values[source[own]]
+        rows[~own] = received[-1 - source[~own]]
+        return rows
 
     def _plan_device_forward(self) -> None:
         """Index maps of :meth:`forward` on the GPU (see :mod:`hpcgpu.particles.device_ghosts`).
@@ -252,6 +305,18 @@ class GhostExchange:
             nccl.groupEnd()
         device_ghosts.gather_ghosts(positions, self.n_local, self.gather_source, self.gather_shift,
                                     self.receive_buffer)
+
+
+def exchange_into_counts(mpi, send_counts, destinations, sources) -> list:
+    """Collective: the 26 per-direction row counts, sent to ``destinations[k]`` with tag k and received
+    from ``sources[k]``; returns the received counts (list of int) in direction order."""
+    from hpcgpu.particles.messages import exchange_into
+
+    outgoing = [np.array([count], dtype=np.int64) for count in send_counts]
+    incoming = [np.zeros(1, dtype=np.int64) for _ in sources]
+    exchange_into(mpi, [(rank, _GHOST_TAG + k, outgoing[k]) for k, rank in enumerate(destinations)],
+                  [(rank, _GHOST_TAG + k, incoming[k]) for k, rank in enumerate(sources)])
+    return [int(count[0]) for count in incoming]
 
 
 def use_nccl() -> bool:

@@ -12,10 +12,6 @@ name           arrays                           how
 ``mpi-cuda``   CuPy, CUDA-aware MPI only        the stream is synchronised, then MPI gets device
                                                 pointers
 ``mpi-staged`` CuPy                             device -> pinned host copy, MPI on host, copy back
-``peer``       CuPy, all ranks on one node      CUDA IPC: copy engines write straight into the
-                                                neighbours' ghost cells, device-side counters
-                                                synchronise; no SMs busy with communication, no
-                                                host synchronisation; not capturable in graphs
 ============== ================================ =====================================================
 
 :func:`default_transport` picks ``mpi`` on CPUs and the first usable of ``nccl``, ``mpi-cuda``,
@@ -28,7 +24,7 @@ import os
 
 from hpcgpu.errors import BackendError
 
-TRANSPORTS = ("mpi", "nccl", "mpi-cuda", "mpi-staged", "peer")
+TRANSPORTS = ("mpi", "nccl", "mpi-cuda", "mpi-staged")
 
 
 def make_transport(name: str, comm, arch):
@@ -47,14 +43,6 @@ def make_transport(name: str, comm, arch):
         from hpcgpu.transport.nccl import NcclTransport, nccl_communicator
 
         return NcclTransport(nccl_communicator(comm))
-    if name == "peer":
-        from hpcgpu.transport.peer import PeerTransport, peer_transport_usable
-
-        if comm.size > 1:
-            usable, reason = peer_transport_usable(comm)   # collective: same answer on every rank
-            if not usable:
-                raise BackendError(f"transport 'peer' is not usable here: {reason}. Use 'nccl'.")
-        return PeerTransport(comm)
     if name == "mpi-cuda":
         from hpcgpu.transport.mpi_device import CudaAwareMpiTransport, mpi_is_cuda_aware
 

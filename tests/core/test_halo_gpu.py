@@ -13,7 +13,7 @@ from tests.core.test_halo import CASES
 
 pytestmark = pytest.mark.gpu
 
-GPU_TRANSPORTS = ["nccl", "nccl-graph", "mpi-staged", "peer"]
+GPU_TRANSPORTS = ["nccl", "nccl-graph", "mpi-staged"]
 
 
 def _gpu_arch_or_skip(comm, transport_name):
@@ -22,8 +22,8 @@ def _gpu_arch_or_skip(comm, transport_name):
     import hpcgpu
 
     n_gpus = cupy.cuda.runtime.getDeviceCount()
-    if transport_name in ("nccl", "peer") and comm.size > n_gpus:
-        pytest.skip(f"{transport_name} needs one GPU per rank: {comm.size} ranks, {n_gpus} GPU(s)")
+    if transport_name == "nccl" and comm.size > n_gpus:
+        pytest.skip(f"NCCL needs one GPU per rank: {comm.size} ranks, {n_gpus} GPU(s)")
     return hpcgpu.arch.auto(comm, backend="cupy", allow_sharing=comm.size > n_gpus)
 
 
@@ -93,8 +93,7 @@ extern "C" __global__ void spin(long long cycles) {
 
 
 @pytest.mark.mpi(ranks=[2], timeout=120)
-@pytest.mark.parametrize("transport_name", ["nccl", "peer"])
-def test_gpu_exchanges_in_flight_never_race(comm, transport_name):
+def test_gpu_exchanges_in_flight_never_race(comm):
     """Many exchanges queued without any host synchronisation, one rank's GPU delayed at random: every
     ghost value read on the compute stream right after ``wait()`` is the neighbour's value of that very
     exchange (a transport that overwrote ghosts early or let them be read late would show it)."""
@@ -103,8 +102,8 @@ def test_gpu_exchanges_in_flight_never_race(comm, transport_name):
     import hpcgpu
     from hpcgpu.transport import make_transport
 
-    arch = _gpu_arch_or_skip(comm, transport_name)
-    transport = make_transport(transport_name, comm, arch)
+    arch = _gpu_arch_or_skip(comm, "nccl")
+    transport = make_transport("nccl", comm, arch)
     spin = cupy.RawKernel(_SPIN_SOURCE, "spin")
     grid = hpcgpu.Decomposition(comm, (64, 256), dims=(2, 1), periodic=(True, False))
     fields = [hpcgpu.Field(grid, arch, halo_width=1, dtype="float64") for _ in range(2)]
