@@ -178,7 +178,7 @@ class GhostExchange:
         received = cupy.empty((max(n_received, 1),) + row_shape, dtype=values.dtype)
         if self.remote_sends or self.remote_receives:
             stream = cupy.cuda.get_current_stream().ptr
-            nccl.groupStart()   # as _forward_device: one receive per source, one send per peer
+            nccl.groupStart()   # same order as _forward_device: receives, then sends, by direction
             for peer, start, count in self.remote_receives:
                 if count:
                     self.nccl.recv(received.data.ptr + start * row_bytes, count * row_bytes, nccl.NCCL_UINT8, peer, stream)
@@ -209,46 +209,33 @@ class GhostExchange:
             self.remote_sends, self.remote_receives = [], []
             self.receive_buffer = cupy.empty((1, 3), dtype=self.dtype)
             return
-        # One NCCL message per peer and way (a peer may sit in up to 26 directions: one message per
-        # direction would cost one NCCL operation each, tens of microseconds apiece). Both buffers are
-        # peer-major, direction-minor: the sender's rows for a peer in direction order k are exactly the
-        # receiver's rows from it in direction order k (the same tag k on both sides).
-        remote = [k for k in range(len(self.sources)) if self.sources[k] != me]
-        counts = {k: int(self.receive_offsets[k + 1] - self.receive_offsets[k]) for k in remote}
-        totals = {}
-        for k in remote:
-            totals[self.sources[k]] = totals.get(self.sources[k], 0) + counts[k]
-        remote_receives, cursor, n_received = [], {}, 0
-        for peer in sorted(totals):
-            remote_receives.append((peer, n_received, totals[peer]))
-            cursor[peer] = n_received
-            n_received += totals[peer]
-        sources, shifts = [], []
-        for k in range(len(self.sources)):
+        sources, shifts, remote_sends, remote_receives = [], [], [], []
+        n_received = 0
+        for k, neighbor in enumerate(self.domain.neighbors):
+            start, stop = int(self.receive_offsets[k]), int(self.receive_offsets[k + 1])
             send_start, send_stop = int(self.send_offsets[k]), int(self.send_offsets[k + 1])
             if self.sources[k] == me:   # a periodic image of this rank's own particles (same tag k)
                 sources.append(self.send_index[send_start:send_stop])
                 shifts.append(self.send_shift[send_start:send_stop])
             else:
-                first = cursor[self.sources[k]]
-                sources.append(cupy.arange(-1 - first, -1 - first - counts[k], -1, dtype=cupy.int64))
-                shifts.append(cupy.zeros((counts[k], 3), dtype=self.dtype))
-                cursor[self.sources[k]] += counts[k]
+                sources.append(cupy.arange(-1 - n_received, -1 - n_received - (stop - start), -1, dtype=cupy.int64))
+                shifts.append(cupy.zeros((stop - start, 3), dtype=self.dtype))
+                remote_receives.append((self.sources[k], n_received, stop - start))
+                n_received += stop - start
+            if neighbor.rank != me:
+                remote_sends.append((neighbor.rank, send_start, send_stop - send_start))
         self.gather_source = cupy.ascontiguousarray(cupy.concatenate(sources))
         self.gather_shift = cupy.ascontiguousarray(cupy.concatenate(shifts))
-        send_rows, self.remote_sends, offset = [], [], 0
-        for peer in sorted({n.rank for n in self.domain.neighbors} - {me}):
-            first = offset
-            for k, neighbor in enumerate(self.domain.neighbors):
-                if neighbor.rank == peer:
-                    send_start, send_stop = int(self.send_offsets[k]), int(self.send_offsets[k + 1])
-                    send_rows.append(cupy.arange(send_start, send_stop, dtype=cupy.int64))
-                    offset += send_stop - send_start
-            self.remote_sends.append((peer, first, offset - first))
+        # Remote sends are packed into one buffer, in direction order (the order NCCL matches them).
+        send_rows = [cupy.arange(start, start + count, dtype=cupy.int64) for _, start, count in remote_sends]
         rows = cupy.concatenate(send_rows) if send_rows else cupy.zeros(0, cupy.int64)
         self.remote_send_index = cupy.ascontiguousarray(self.send_index[rows])
         self.remote_send_shift = cupy.ascontiguousarray(self.send_shift[rows])
-        self.remote_receives = remote_receives
+        self.remote_sends, self.remote_receives = [], remote_receives
+        offset = 0
+        for peer, _, count in remote_sends:
+            self.remote_sends.append((peer, offset, count))
+            offset += count
         self.send_buffer = cupy.empty((offset, 3), dtype=self.dtype)
         self.receive_buffer = cupy.empty((max(n_received, 1), 3), dtype=self.dtype)
         if use_nccl():
@@ -306,7 +293,8 @@ class GhostExchange:
             nccl_type = nccl.NCCL_FLOAT32 if self.dtype == np.float32 else nccl.NCCL_FLOAT64
             stream = cupy.cuda.get_current_stream().ptr
             row_bytes = 3 * self.dtype.itemsize
-            # One receive per source and one send per peer (see _plan_device_forward).
+            # Receives, then sends, each in direction order: NCCL matches messages between two ranks in
+            # posting order, and both sides enumerate the same directions in the same order.
             nccl.groupStart()
             for peer, start, count in self.remote_receives:
                 if count:
