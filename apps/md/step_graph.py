@@ -97,12 +97,20 @@ class StepGraphs:
                 self._graphs.clear()
             # Capture on a private stream (the compute stream may be the legacy default stream, which
             # cannot capture); the captured graph then runs on the current stream like any kernel.
-            with self._stream:
+            # Not ``with self._stream:``: on exit CuPy would make the null stream current instead of
+            # the stream set with ``Stream.use()`` (the compute stream), and later work would leave it.
+            import cupy
+
+            previous = cupy.cuda.get_current_stream()
+            self._stream.use()
+            try:
                 self._stream.begin_capture()
                 try:
                     record()
                 finally:
                     graph = self._stream.end_capture()
+            finally:
+                previous.use()
             self._graphs[key] = graph
             self.n_captures += 1
         graph.launch()

@@ -31,7 +31,7 @@ def _run(comm, graph, dtype, thermostat, steps=100, cells_per_axis=6):
     import hpcgpu
     from hpcgpu.particles import ParticleDomain
 
-    hpcgpu.arch.auto(comm, backend="cupy", allow_sharing=True)   # the compute stream, as the app uses it
+    arch = hpcgpu.arch.auto(comm, backend="cupy", allow_sharing=True)   # the compute stream, as the app uses it
     positions, atom_ids, box = lattice.make_lattice("fcc", 0.8442, (cells_per_axis,) * 3)
     velocities = lattice.thermal_velocities(atom_ids, np.ones(atom_ids.size), 1.44, 87287)
     config = serial.MDConfig(potential=potential.lennard_jones(cutoff=2.5), skin=0.3, check_interval=10,
@@ -45,6 +45,9 @@ def _run(comm, graph, dtype, thermostat, steps=100, cells_per_axis=6):
         if want:
             samples.append(tuple(distributed.thermo(state, config)))
     distributed.settle(state, config)
+    # Capturing a graph must leave the compute stream current (all later work, and the phase timers'
+    # events, are ordered on it); CuPy's ``with stream:`` would have left the null stream instead.
+    assert cupy.cuda.get_current_stream().ptr == arch.compute_stream.ptr
     return np.array(samples), distributed.gather_by_id(state), state
 
 
