@@ -90,6 +90,10 @@ def build_parser(rank: int = 0):
     perf.add_argument("--no-overlap", dest="overlap", action="store_false",
                       help="exchange halos after the whole update instead of overlapping it with the interior "
                            "(same results; shows what the overlap hides)")
+    perf.add_argument("--peer-halo", action="store_true",
+                      help="jacobi on GPUs of one node: after each sweep store the boundary rows straight into the "
+                           "neighbours' ghost rows (CUDA IPC over NVLink) instead of exchanging them with NCCL; "
+                           "splits the grid into bands of rows (same results)")
     perf.add_argument("--nan-check-every", type=non_negative_int, default=100, metavar="N",
                       help="stop with an error if the state holds NaN/Inf, checked every N steps (0: never) [100]")
     add_monitor_arguments(parser)  # --monitor, --monitor-interval, --profile
@@ -114,6 +118,8 @@ def make_model(comm, arch, options):
         from apps.stencil.sphere.model import LatLonModel as Model
     else:
         from apps.stencil.swe.model import SweModel as Model
+    if options.peer_halo and options.model != "jacobi":
+        raise ConfigurationError(f"--peer-halo applies to --model jacobi only, not {options.model}")
     if options.model == "swe" and options.init is None:
         options.init = "williamson2" if options.grid == "latlon" else "jet"
     channel_cases, sphere_cases = ("jet", "geostrophic", "gaussian"), ("williamson2", "williamson5", "williamson6")

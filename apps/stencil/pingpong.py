@@ -19,6 +19,10 @@ previous interior update read).
 
 Without overlap (``overlap=False``) the whole owned block is one sweep, followed by a blocking
 exchange: one launch instead of rim + interior, the better schedule when the exchange is short.
+
+With ``peer_halo=True`` (GPUs of one node, rows split only) there is no exchange at all: each step is
+a wait for the neighbours' previous step, one sweep over the block, and one small kernel that stores
+the two boundary rows straight into the neighbours' ghost rows (:mod:`apps.stencil.peer_rows`).
 """
 
 from __future__ import annotations
@@ -42,9 +46,12 @@ class PingPongStencil:
     overlap : bool
         Overlap the exchange with the interior update (default). False computes everything, then
         exchanges: the same result, for measuring what the overlap hides.
+    peer_halo : bool
+        GPUs of one node, grid split along rows only: boundary rows go straight into the neighbours'
+        memory after each sweep instead of through an exchange (collective setup; same results).
     """
 
-    def __init__(self, grid, arch, dtype: str, name: str, sweep_fn, overlap: bool = True):
+    def __init__(self, grid, arch, dtype: str, name: str, sweep_fn, overlap: bool = True, peer_halo: bool = False):
         self.grid, self.arch, self.sweep_fn, self.overlap = grid, arch, sweep_fn, overlap
         self.current = hpcgpu.Field(grid, arch, halo_width=1, dtype=dtype, name=name)
         self.next = hpcgpu.Field(grid, arch, halo_width=1, dtype=dtype, name=name)
@@ -56,14 +63,33 @@ class PingPongStencil:
         self.interior, self.rim = split_owned(grid.local_shape, self.current.halo_width, rim_width)
         self.owned = tuple(v for w, n in zip(self.current.halo_width, grid.local_shape) for v in (w, w + n))
         self._rim_ready = None  # GPU: event after the previous step, which the rim stream waits for
+        self.peer = None
+        if peer_halo:
+            from apps.stencil.peer_rows import PeerRowExchange
+
+            self.peer = PeerRowExchange(grid, arch, (self.current, self.next))
 
     def exchange_current(self) -> None:
         """Fill the ghosts of the current state (after initialisation or a restart)."""
         self.current.exchange_halos(corners=False)
+        if self.peer is not None:
+            # Neighbours store into our buffers from the first step on: everything written into them
+            # so far (initial state, restart) must be finished on every GPU first.
+            self.arch.synchronize()
+            self.grid.comm.barrier()
 
     def step(self, timers, residual=None) -> None:
         """Advance one step (see the module docstring); ``residual`` is passed to every sweep."""
         source, target = self.current, self.next
+        if self.peer is not None:
+            with timers.phase("communication"):
+                self.peer.wait()   # the neighbours finished the previous step: our ghosts are theirs
+            with timers.phase("compute"):
+                self.sweep_fn(target.data, source.data, self.owned, residual)
+            with timers.phase("communication"):
+                self.peer.put(target)
+            self.current, self.next = target, source
+            return
         if not self.overlap:
             # One sweep over the whole block, then a blocking exchange.
             with timers.phase("compute"):

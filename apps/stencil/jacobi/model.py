@@ -32,10 +32,13 @@ class JacobiModel(CheckpointedModel):
         ny, nx = check_global_shape((options.ny, options.nx))
         self.global_shape = (ny, nx)
         self.dtype = "float32" if options.precision == "fp32" else "float64"
-        self.grid = hpcgpu.Decomposition(comm, self.global_shape, dims=options.dims, periodic=(True, False))
+        peer_halo = getattr(options, "peer_halo", False)
+        dims = options.dims if options.dims is not None or not peer_halo else (comm.size, 1)   # bands of rows
+        self.grid = hpcgpu.Decomposition(comm, self.global_shape, dims=dims, periodic=(True, False))
         self.norm_every = options.norm_every
         self.fixed_columns = fixed_local_columns(self.grid.local_start[1], self.grid.local_shape[1], nx)
-        self.stencil = PingPongStencil(self.grid, arch, self.dtype, "a", self._sweep, overlap=options.overlap)
+        self.stencil = PingPongStencil(self.grid, arch, self.dtype, "a", self._sweep, overlap=options.overlap,
+                                       peer_halo=peer_halo)
         for field in (self.stencil.current, self.stencil.next):
             padded_start = tuple(s for s in self.grid.local_start)
             fill_initial_state(field.data, padded_start, self.global_shape)

@@ -103,6 +103,8 @@ def test_latlon_grid_through_the_app_is_rank_count_independent_and_conserves_mas
     (["--model", "swe", "--nx", "40", "--ny", "20", "--dt", "5000"], "exceeds"),
     (["--config", "/nonexistent/run.toml"], "file not found"),
     (["--model", "heat3d", "--diffusion-number", "0.5", "--nx", "8", "--ny", "8", "--nz", "8"], "1/6"),
+    (["--model", "swe", "--peer-halo"], "--peer-halo applies to --model jacobi only"),
+    (["--model", "jacobi", "--nx", "64", "--ny", "64", "--peer-halo"], "it needs GPUs"),
 ])
 def test_bad_input_gives_one_clear_message_and_exit_code_2(tmp_path, args, expected):
     result = run_mpi(2, [sys.executable, "-m", "apps.stencil", "--output", str(tmp_path), *args], timeout=120)
