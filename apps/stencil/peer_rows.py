@@ -140,7 +140,7 @@ class PeerRowExchange:
         data = [b.data for b in self.buffers]
         rows, pitch = data[0].shape
         itemsize = data[0].dtype.itemsize
-        self.row_bytes = (pitch - 2) * itemsize   # owned columns plus nothing else: columns 1 .. pitch-2
+        self.row_bytes = (pitch - 2) * itemsize   # the owned columns 1 .. pitch-2 of a row
         if self.row_bytes % 4:
             raise ConfigurationError("--peer-halo copies 32-bit words; the row length in bytes must be a multiple of 4")
         self.n_words = self.row_bytes // 4
@@ -155,7 +155,7 @@ class PeerRowExchange:
         up, down = grid.neighbor((-1, 0)), grid.neighbor((1, 0))
         opened = {}
 
-        def remote(rank, handle_and_offset):
+        def remote(handle_and_offset):
             handle, offset = handle_and_offset
             if handle not in opened:
                 opened[handle] = int(cupy.cuda.runtime.ipcOpenMemHandle(handle))
@@ -166,14 +166,14 @@ class PeerRowExchange:
         for which in (0, 1):
             if up is not None:
                 peer = everyone[up]
-                up_row = remote(up, peer["buffers"][which]) + ((peer["rows"] - 1) * peer["pitch"] + 1) * itemsize
-                up_flag = remote(up, peer["flags"]) + 4   # its "from below" counter
+                up_row = remote(peer["buffers"][which]) + ((peer["rows"] - 1) * peer["pitch"] + 1) * itemsize
+                up_flag = remote(peer["flags"]) + 4   # its "from below" counter
             else:
                 up_row, up_flag = self._unused_rows.data.ptr, self._unused_flags.data.ptr
             if down is not None:
                 peer = everyone[down]
-                down_row = remote(down, peer["buffers"][which]) + 1 * itemsize   # row 0, column 1
-                down_flag = remote(down, peer["flags"])      # its "from above" counter
+                down_row = remote(peer["buffers"][which]) + 1 * itemsize   # row 0, column 1
+                down_flag = remote(peer["flags"])      # its "from above" counter
             else:
                 down_row, down_flag = self._unused_rows.data.ptr, self._unused_flags.data.ptr + 4
             self._targets.append((up_row, down_row, up_flag, down_flag))
