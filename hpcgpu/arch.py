@@ -101,22 +101,9 @@ class GPU:
         """Wait for all work on this device (both streams)."""
         self.device.synchronize()
 
-    @contextlib.contextmanager
     def on_stream(self, stream):
-        """Make ``stream`` CuPy's current stream inside the block, then restore the previous one.
-
-        (CuPy's own ``with stream:`` restores its internal stack, which does not know about
-        ``Stream.use()``; after it the null stream would be current and work would silently stop
-        being ordered with the compute stream.)
-        """
-        import cupy
-
-        previous = cupy.cuda.get_current_stream()
-        stream.use()
-        try:
-            yield stream
-        finally:
-            previous.use()
+        """Make ``stream`` CuPy's current stream inside the block (see :func:`on_stream`)."""
+        return on_stream(stream)
 
     def to_host(self, array) -> np.ndarray:
         """Copy to a NumPy array after all work queued on the compute stream."""
@@ -145,6 +132,24 @@ class GPU:
 
     def __repr__(self) -> str:
         return f"GPU(device_id={self.device_id}, reason={self.reason!r})"
+
+
+@contextlib.contextmanager
+def on_stream(stream):
+    """Make CuPy ``stream`` the current stream inside the block, then restore the previous one.
+
+    (CuPy's own ``with stream:`` restores its internal stack, which does not know about
+    ``Stream.use()``; after it the null stream would be current and work would silently stop
+    being ordered with the compute stream.)
+    """
+    import cupy
+
+    previous = cupy.cuda.get_current_stream()
+    stream.use()
+    try:
+        yield stream
+    finally:
+        previous.use()
 
 
 def cpu_threads_per_rank(comm) -> int:

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpcgpu.arch import on_stream
+
 from ._arrays import raw_kernel
 
 _CUDA_SOURCE = r"""
@@ -99,18 +101,12 @@ class StepGraphs:
             # cannot capture); the captured graph then runs on the current stream like any kernel.
             # Not ``with self._stream:``: on exit CuPy would make the null stream current instead of
             # the stream set with ``Stream.use()`` (the compute stream), and later work would leave it.
-            import cupy
-
-            previous = cupy.cuda.get_current_stream()
-            self._stream.use()
-            try:
+            with on_stream(self._stream):
                 self._stream.begin_capture()
                 try:
                     record()
                 finally:
                     graph = self._stream.end_capture()
-            finally:
-                previous.use()
             self._graphs[key] = graph
             self.n_captures += 1
         graph.launch()

@@ -177,15 +177,7 @@ class GhostExchange:
         n_received = sum(count for _, _, count in self.remote_receives)
         received = cupy.empty((max(n_received, 1),) + row_shape, dtype=values.dtype)
         if self.remote_sends or self.remote_receives:
-            stream = cupy.cuda.get_current_stream().ptr
-            nccl.groupStart()   # same order as _forward_device: receives, then sends, by direction
-            for peer, start, count in self.remote_receives:
-                if count:
-                    self.nccl.recv(received.data.ptr + start * row_bytes, count * row_bytes, nccl.NCCL_UINT8, peer, stream)
-            for peer, start, count in self.remote_sends:
-                if count:
-                    self.nccl.send(send.data.ptr + start * row_bytes, count * row_bytes, nccl.NCCL_UINT8, peer, stream)
-            nccl.groupEnd()
+            self._nccl_rows(send, received, row_bytes, nccl.NCCL_UINT8, row_bytes)
         source = self.gather_source
         rows = cupy.empty((self.n_ghost,) + row_shape, dtype=values.dtype)
         own = source >= 0
@@ -286,25 +278,33 @@ class GhostExchange:
     def _forward_device(self, positions) -> None:
         """GPU refresh: pack remote rows, one NCCL group, one gather kernel; all on the current stream."""
         if self.remote_sends or self.remote_receives:
-            import cupy
             from cupy.cuda import nccl
 
             device_ghosts.pack_rows(positions, self.remote_send_index, self.remote_send_shift, self.send_buffer)
             nccl_type = nccl.NCCL_FLOAT32 if self.dtype == np.float32 else nccl.NCCL_FLOAT64
-            stream = cupy.cuda.get_current_stream().ptr
-            row_bytes = 3 * self.dtype.itemsize
-            # Receives, then sends, each in direction order: NCCL matches messages between two ranks in
-            # posting order, and both sides enumerate the same directions in the same order.
-            nccl.groupStart()
-            for peer, start, count in self.remote_receives:
-                if count:
-                    self.nccl.recv(self.receive_buffer.data.ptr + start * row_bytes, 3 * count, nccl_type, peer, stream)
-            for peer, start, count in self.remote_sends:
-                if count:
-                    self.nccl.send(self.send_buffer.data.ptr + start * row_bytes, 3 * count, nccl_type, peer, stream)
-            nccl.groupEnd()
+            self._nccl_rows(self.send_buffer, self.receive_buffer, 3 * self.dtype.itemsize, nccl_type, 3)
         device_ghosts.gather_ghosts(positions, self.n_local, self.gather_source, self.gather_shift,
                                     self.receive_buffer)
+
+    def _nccl_rows(self, send, received, row_bytes: int, nccl_type, items_per_row: int) -> None:
+        """One NCCL group on the current stream: the remote rows of ``send`` out, ``received`` in.
+
+        Receives, then sends, each in direction order: NCCL matches messages between two ranks in
+        posting order, and both sides enumerate the same directions in the same order. A row is
+        ``row_bytes`` bytes, ``items_per_row`` elements of ``nccl_type``.
+        """
+        import cupy
+        from cupy.cuda import nccl
+
+        stream = cupy.cuda.get_current_stream().ptr
+        nccl.groupStart()
+        for peer, start, count in self.remote_receives:
+            if count:
+                self.nccl.recv(received.data.ptr + start * row_bytes, items_per_row * count, nccl_type, peer, stream)
+        for peer, start, count in self.remote_sends:
+            if count:
+                self.nccl.send(send.data.ptr + start * row_bytes, items_per_row * count, nccl_type, peer, stream)
+        nccl.groupEnd()
 
 
 def exchange_into_counts(mpi, send_counts, destinations, sources) -> list:
