@@ -107,7 +107,14 @@ def build_parser(rank: int = 0):
                           help="consider a rebuild every N steps (LAMMPS neigh_modify every N) [1]")
     neighbor.add_argument("--check-interval", type=positive_int, default=None, metavar="N",
                           help="read the device-side skin/2 watch at most every N steps; results are identical to "
-                               "checking every step (earlier crossings are replayed) [10 on a GPU, 1 on the CPU]")
+                               "checking every step (earlier crossings are replayed); with --resident, the steps "
+                               "per graph and per host check [10 on a GPU (25 resident), 1 on the CPU]")
+    neighbor.add_argument("--resident", choices=("auto", "on", "off"), default="auto",
+                          help="GPU, one rank: run whole steps, neighbour-list rebuilds included, on the device as "
+                               "CUDA graphs of --check-interval steps, with minimum-image periodic distances instead "
+                               "of ghost atoms (same physics, equal to rounding; needs a box of >= 3 cells of "
+                               "cutoff + skin per axis, no Nose-Hoover, --rebuild-every 1 with checks); auto = on "
+                               "where it applies [auto]")
     neighbor.add_argument("--graph", choices=("auto", "on", "off"), default="auto",
                           help="GPU, one rank: replay the sync-free parts of each step as CUDA graphs (same results "
                                "bitwise); auto = on where it applies (no Nose-Hoover) [auto]")
@@ -140,7 +147,8 @@ def make_config(options) -> MDConfig:
                     skin=options.skin, rebuild_every=options.rebuild_every, rebuild_check=not options.no_check,
                     thermostat=thermostat, temperature=target, damping=options.damping, seed=options.seed,
                     tail_correction=options.tail, check_interval=options.check_interval,
-                    graph={"auto": None, "on": True, "off": False}[getattr(options, "graph", "auto")])
+                    graph={"auto": None, "on": True, "off": False}[getattr(options, "graph", "auto")],
+                    resident={"auto": None, "on": True, "off": False}[getattr(options, "resident", "auto")])
 
 
 def build_state(comm, arch, options, config):
@@ -279,7 +287,7 @@ def run(options, comm) -> dict:
         print(format_timers(timer_summary, wall))
         monitor.print_table()
         for key in ("energy_drift", "neighbor_builds", "neighbor_reallocations", "rebuild_checks", "step_graphs",
-                    "atoms_per_rank",
+                    "resident_steps", "atoms_per_rank",
                     "ghosts_per_rank"):
             print(f"{key:<24} {diagnostics[key]}")
         print(f"checksum {checksum}")
@@ -334,7 +342,7 @@ def _diagnostics(comm, state, config, history, conserved) -> dict:
     first, last = history[0], history[-1]
     elapsed = (last.step - first.step) * config.dt
     change = conserved[-1] - conserved[0]
-    counts = comm.mpi.allgather((state.n_local, state.ghosts.n_ghost))
+    counts = comm.mpi.allgather((state.n_local, 0 if state.resident is not None else state.ghosts.n_ghost))
     return {
         "thermo_first": first._asdict(), "thermo_last": last._asdict(),
         "energy_drift": {
@@ -347,6 +355,7 @@ def _diagnostics(comm, state, config, history, conserved) -> dict:
         "neighbor_capacity": state.neighbor_list.capacity,
         "rebuild_checks": state.watch.summary() if state.watch is not None else {"check_interval": 1},
         "step_graphs": state.graphs.summary() if state.graphs is not None else None,
+        "resident_steps": state.resident.summary() if state.resident is not None else None,
         "atoms_per_rank": {"min": min(c[0] for c in counts), "max": max(c[0] for c in counts)},
         "ghosts_per_rank": {"min": min(c[1] for c in counts), "max": max(c[1] for c in counts)},
     }

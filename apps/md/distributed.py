@@ -50,6 +50,7 @@ from .neighbors import needs_rebuild, rebuild_neighbor_list
 from .potential import tail_corrections
 from .reduction import global_sums
 from .serial import MDConfig, MDState, thermostat_energy_per_atom
+from .resident import ResidentSteps, resident_applies
 from .step_graph import StepGraphs, graphs_apply
 from .thermo import Thermo, degrees_of_freedom, kinetic_energy, kinetic_energy_per_atom, thermo_sample
 from .watch import RebuildWatch, first_half_and_watch
@@ -74,6 +75,7 @@ class DistributedState(MDState):
     ghosts: GhostExchange | None = None
     watch: RebuildWatch | None = None
     graphs: StepGraphs | None = None
+    resident: ResidentSteps | None = None
     n_atoms: int = 0
     per_atom_energy: tuple | None = None
 
@@ -135,6 +137,9 @@ def step(state: DistributedState, config: MDConfig, compute_energy: bool = False
     so the result is the one of an every-step check (:mod:`apps.md.watch`).
     """
     timers = timers or _NoTimers()
+    if state.resident is not None:   # one GPU: whole steps on the device (apps.md.resident)
+        state.resident.step(state, compute_energy, timers)
+        return
     watch = state.watch
     if watch is None:
         _advance(state, config, compute_energy, timers, _EAGER)
@@ -152,6 +157,9 @@ def settle(state: DistributedState, config: MDConfig | None = None, timers=None)
     Call before using the state outside :func:`step` (thermo, output, checkpoints, the end of a run);
     :func:`thermo`, :func:`gather_by_id` and :func:`checkpoint_payload` call it themselves.
     """
+    if state.resident is not None:
+        state.resident.flush(state, timers)
+        return
     watch = state.watch
     if watch is None or watch.verified_step >= state.step:
         return
@@ -259,7 +267,13 @@ def check_interval(config: MDConfig, is_gpu: bool) -> int:
 
 
 def _attach_watch(state: DistributedState, config: MDConfig) -> None:
-    """Lazy checks when they apply (a checked list and an interval above 1); the state is verified now."""
+    """The device-resident driver when it applies (:mod:`apps.md.resident`), else lazy checks when they
+    apply (a checked list and an interval above 1; the state is verified now) and step graphs."""
+    state.resident = None
+    if resident_applies(state, config):
+        state.watch = state.graphs = None
+        state.resident = ResidentSteps(state, config)
+        return
     interval = check_interval(config, state.is_gpu)
     state.watch = None
     if config.rebuild_check and interval > 1:
@@ -380,9 +394,11 @@ def warm_up(state: DistributedState) -> None:
     The first NCCL send/receive between two GPUs sets up their peer connection, a one-time cost of
     tens to hundreds of milliseconds that would otherwise land in the first step's "communication".
     Harmless to the trajectory: every step refreshes the ghosts after its first half before anything
-    reads them, and the thermo of the current step is taken before this call.
+    reads them, and the thermo of the current step is taken before this call. Nothing to do for the
+    device-resident driver (no ghosts, no peers).
     """
-    state.ghosts.forward(state.positions)
+    if state.resident is None:
+        state.ghosts.forward(state.positions)
 
 
 def thermo(state: DistributedState, config: MDConfig) -> Thermo:
@@ -393,7 +409,10 @@ def thermo(state: DistributedState, config: MDConfig) -> Thermo:
     settle(state, config)
     if state.energy_step != state.step:
         scratch = array_module(state.forces).empty_like(state.forces)  # keep Langevin-augmented forces intact
-        _forces(state, compute_energy=True, forces=scratch)
+        if state.resident is not None:
+            state.resident.energy(state, scratch)
+        else:
+            _forces(state, compute_energy=True, forces=scratch)
     kinetic_terms = kinetic_energy_per_atom(state.velocities, state.masses)
     energy_terms, virial_terms = state.per_atom_energy
     comm = state.domain.comm

@@ -21,6 +21,8 @@ import math
 import numba
 import numpy as np
 
+from hpcgpu.errors import ConfigurationError
+
 from ._arrays import THREADS_PER_BLOCK, _is_cupy, array_module, blocks_for, check_array, raw_kernel
 from .neighbors import NeighborList
 from .potential import LennardJones
@@ -98,13 +100,56 @@ def _forces_gpu(positions, types, neighbor_list, pair_table, forces, compute_ene
     n_local = neighbor_list.n_local
     per_atom = cupy.zeros((2, n_local), dtype=cupy.float64) if compute_energy else None
     if n_local > 0:
-        real_name = "float" if positions.dtype == np.float32 else "double"
-        kernel = raw_kernel(_CUDA_SOURCE, _NAMES, f"md_lj_forces<{real_name}>")
-        kernel((blocks_for(n_local),), (THREADS_PER_BLOCK,),
-               (positions, types, neighbor_list.neighbors, neighbor_list.counts, np.int32(n_local),
-                np.int32(neighbor_list.capacity), pair_table, np.int32(pair_table.shape[0]), forces,
-                np.int32(bool(compute_energy)), per_atom if compute_energy else np.uint64(0)))
+        _launch_gpu(positions, types, neighbor_list, pair_table, forces, per_atom, None)
     return per_atom
+
+
+def compute_forces_periodic(positions, types, neighbor_list: NeighborList, pair_table, forces, box,
+                            per_atom=None) -> None:
+    """GPU only: forces with minimum-image pair distances in a periodic ``box`` (no ghost atoms).
+
+    The device-resident driver (:mod:`apps.md.resident`) keeps only owned atoms; the list holds owned
+    indices and every pair distance is folded into ``[-L/2, L/2]`` per axis. Same pair math and float64
+    accumulation as :func:`compute_forces`.
+
+    Parameters
+    ----------
+    positions : cupy array, shape (n_local, 3), float32/float64, sigma
+    types : cupy array, shape (n_local,), int32
+    neighbor_list : NeighborList over these owned atoms (built with minimum-image distances)
+    pair_table, forces : as :func:`compute_forces`; forces (n_local, 3) is overwritten
+    box : array_like, shape (3,), sigma -- at least 2 (cutoff + skin) long on every axis
+    per_atom : cupy float64 array, shape (2, n_local), optional -- receives each atom's share of E_pair
+        (row 0) and W (row 1), epsilon; None skips the energy (the hot path). Returns None; nothing is
+        allocated, so the call can be captured in a CUDA graph.
+    """
+    n_local = neighbor_list.n_local
+    check_array("positions", positions, shape=(n_local, 3), dtypes=[np.float32, np.float64])
+    if not _is_cupy(positions):
+        raise ConfigurationError("compute_forces_periodic: expected cupy arrays (the GPU-resident driver); "
+                                 "on the CPU use compute_forces with ghost atoms")
+    check_array("types", types, shape=(n_local,), dtypes=[np.int32], like=positions)
+    check_array("pair_table", pair_table, shape=(None, None, 5), dtypes=[positions.dtype], like=positions)
+    check_array("forces", forces, shape=(n_local, 3), dtypes=[positions.dtype], like=positions)
+    if per_atom is not None:
+        check_array("per_atom", per_atom, shape=(2, n_local), dtypes=[np.float64], like=positions)
+    if n_local > 0:
+        _launch_gpu(positions, types, neighbor_list, pair_table, forces, per_atom, np.asarray(box, np.float64))
+
+
+def _launch_gpu(positions, types, neighbor_list, pair_table, forces, per_atom, box):
+    """One launch of ``md_lj_forces``; ``box`` None = distances as stored (ghosts), else minimum image."""
+    n_local = neighbor_list.n_local
+    real = positions.dtype.type
+    real_name = "float" if positions.dtype == np.float32 else "double"
+    periodic = box is not None
+    box = np.ones(3) if box is None else box
+    kernel = raw_kernel(_CUDA_SOURCE, _NAMES, f"md_lj_forces<{real_name}>")
+    kernel((blocks_for(n_local),), (THREADS_PER_BLOCK,),
+           (positions, types, neighbor_list.neighbors, neighbor_list.counts, np.int32(n_local),
+            np.int32(neighbor_list.capacity), pair_table, np.int32(pair_table.shape[0]), forces,
+            np.int32(per_atom is not None), np.uint64(0) if per_atom is None else per_atom,
+            np.int32(periodic), *(real(v) for v in box), *(real(1.0 / v) for v in box)))
 
 
 def _per_atom_cpu(positions, types, neighbor_list, pair_table, forces):
@@ -162,7 +207,9 @@ template <typename real>
 __global__ void md_lj_forces(const real* __restrict__ positions, const int* __restrict__ types,
                              const int* __restrict__ neighbors, const int* __restrict__ counts,
                              int n_local, int capacity, const real* __restrict__ table, int n_types,
-                             real* __restrict__ forces, int compute_energy, double* __restrict__ per_atom) {
+                             real* __restrict__ forces, int compute_energy, double* __restrict__ per_atom,
+                             int minimum_image, real box_x, real box_y, real box_z,
+                             real inverse_x, real inverse_y, real inverse_z) {
     const int i = blockDim.x * blockIdx.x + threadIdx.x;
     double energy = 0.0, virial = 0.0;
     if (i < n_local) {
@@ -172,9 +219,14 @@ __global__ void md_lj_forces(const real* __restrict__ positions, const int* __re
         const int count = min(counts[i], capacity);
         for (int k = 0; k < count; ++k) {
             const int j = neighbors[(long long)k * n_local + i];   /* coalesced across the warp */
-            const real dx = xi - positions[3 * j];
-            const real dy = yi - positions[3 * j + 1];
-            const real dz = zi - positions[3 * j + 2];
+            real dx = xi - positions[3 * j];
+            real dy = yi - positions[3 * j + 1];
+            real dz = zi - positions[3 * j + 2];
+            if (minimum_image) {   /* periodic box without ghosts (apps.md.resident) */
+                dx -= box_x * rint(dx * inverse_x);
+                dy -= box_y * rint(dy * inverse_y);
+                dz -= box_z * rint(dz * inverse_z);
+            }
             const real rsq = dx * dx + dy * dy + dz * dz;
             const real* pair = row + 5 * types[j];
             if (rsq < pair[2]) {

@@ -62,6 +62,10 @@ class MDConfig:
     graph : bool or None -- distributed driver on one GPU: replay the sync-free parts of a step as CUDA
         graphs (:mod:`apps.md.step_graph`; bitwise the same results); None = on wherever it applies
         (GPU, one rank, no Nose-Hoover), False = off
+    resident : bool or None -- distributed driver on one GPU: run whole steps, neighbour-list rebuilds
+        included, on the device as graphs of ``check_interval`` (default 25) steps (:mod:`apps.md.resident`;
+        the same physics, equal to rounding); None = wherever it applies, True = required (an error
+        says why it cannot), False = off (then ``graph`` decides)
     """
 
     potential: LennardJones
@@ -77,6 +81,7 @@ class MDConfig:
     tail_correction: bool = False
     check_interval: int | None = None
     graph: bool | None = None
+    resident: bool | None = None
 
     def __post_init__(self):
         if self.thermostat not in THERMOSTATS:

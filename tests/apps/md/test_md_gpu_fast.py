@@ -72,12 +72,15 @@ def test_watch_kernel_matches_cpu(cupy):
     assert abs(int(gpu_values[1]) - int(cpu_values[1])) <= 1    # float32 bits of the largest d^2
 
 
-def _run(comm, xp, dtype, check_interval, cells=6, steps=60, fixed_schedule=False, monkeypatch=None):
+def _run(comm, xp, dtype, check_interval, cells=6, steps=60, fixed_schedule=False, monkeypatch=None, resident=False):
     from hpcgpu.particles import ParticleDomain
 
     positions, atom_ids, box = lattice.make_lattice("fcc", 0.8442, (cells,) * 3)
     velocities = lattice.thermal_velocities(atom_ids, np.ones(atom_ids.size), 1.44, 87287)
-    config = serial.MDConfig(potential=potential.lennard_jones(cutoff=2.5), skin=0.3, check_interval=check_interval)
+    # resident=False: these tests are about the default driver's lazy checks (apps.md.watch); None lets
+    # one rank on a GPU run device-resident (apps.md.resident), as the app does by default.
+    config = serial.MDConfig(potential=potential.lennard_jones(cutoff=2.5), skin=0.3, check_interval=check_interval,
+                             resident=resident)
     if fixed_schedule:
         monkeypatch.setattr(watch.RebuildWatch, "_steps_to_next_check", lambda self, step, largest: self.check_interval)
     domain = ParticleDomain(comm, box, config.ghost_width)
@@ -113,9 +116,9 @@ def test_gpu_fp32_in_lj_follows_fp64_cpu_for_100_steps(comm, cupy):
     import hpcgpu
 
     hpcgpu.arch.auto(comm, backend="cupy", allow_sharing=True)
-    fast, state = _run(comm, cupy, np.float32, check_interval=None, cells=20, steps=100)
+    fast, state = _run(comm, cupy, np.float32, check_interval=None, cells=20, steps=100, resident=None)
     reference, _ = _run(comm, np, np.float64, check_interval=1, cells=20, steps=100)
-    assert state.watch is not None
+    assert (state.resident is not None) == (comm.size == 1) and (state.watch is not None) == (comm.size > 1)
     # Step 0: E_pair -6.7733681 and Press -5.0197073 (LAMMPS) to fp32 accuracy.
     assert fast[0, 2] == pytest.approx(-6.7733681, rel=1e-5) and fast[0, 4] == pytest.approx(-5.0197073, rel=1e-4)
     np.testing.assert_allclose(fast[:, 1:], reference[:, 1:], rtol=5e-4, atol=5e-4)

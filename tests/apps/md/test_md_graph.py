@@ -35,7 +35,7 @@ def _run(comm, graph, dtype, thermostat, steps=100, cells_per_axis=6):
     positions, atom_ids, box = lattice.make_lattice("fcc", 0.8442, (cells_per_axis,) * 3)
     velocities = lattice.thermal_velocities(atom_ids, np.ones(atom_ids.size), 1.44, 87287)
     config = serial.MDConfig(potential=potential.lennard_jones(cutoff=2.5), skin=0.3, check_interval=10,
-                             thermostat=thermostat, temperature=1.0, damping=0.5, graph=graph)
+                             thermostat=thermostat, temperature=1.0, damping=0.5, graph=graph, resident=False)
     domain = ParticleDomain(comm, box, config.ghost_width)
     state = distributed.init(domain, positions, velocities, config, atom_ids=atom_ids, xp=cupy, dtype=dtype)
     samples = [tuple(distributed.thermo(state, config))]

@@ -1,0 +1,463 @@
+"""Device-resident MD steps on one GPU: whole steps, neighbour-list rebuilds included, as CUDA graphs.
+
+At 32,000 atoms a step is some 30 us of GPU work. The default driver (:mod:`apps.md.distributed`) runs
+each rebuild from the host (binning, ghost lists, capacity checks: ~1 ms of round trips) and costs
+~150 us of Python per step, so the GPU waits most of the time. With one rank on one GPU every decision
+can stay on the device, and the step becomes a fixed chain of kernels::
+
+    begin         counter += 1; clear the rebuild flag left by the previous step; zero the cell counts
+    first half    v += dt/2 f/m; x += dt v; raise the flag if an atom moved more than skin/2 since the
+                  last build (apps.md.watch's kernel: the flag is its "first step exceeded" word)
+    bin           [flag] wrap into the box (image flags), reference := positions, append to cell slots
+    sort cells    [flag] ascending atom index in every cell (the appends used atomics)
+    neighbours    [flag] full list over the 27 periodic neighbour cells, minimum-image distances
+    forces        LJ with minimum-image distances (+ per-atom E_pair and W on thermo steps)
+    [Langevin]    noise keyed by (seed, step from the device counter, atom id)
+    second half   v += dt/2 f/m
+
+Kernels marked [flag] return at once unless the first half raised the flag, so every step launches the
+same kernels with the same arguments, and a *chunk* of steps (``check_interval``, 25 by default) is
+captured once and replayed as one CUDA graph: one host call and one device-to-host read per chunk.
+
+No ghost atoms: periodic images come from the minimum-image convention, valid when the box is at least
+three cells of ``cutoff + skin`` on every axis (then the 27 neighbour cells are distinct); smaller boxes,
+several ranks, Nose-Hoover (a host scalar per step) and rebuild schedules other than "check every step"
+use the default driver.
+
+Capacity overflow is never silent: cell slots and the neighbour list have fixed capacities; the kernels
+keep counting past them (writing nothing) and record the largest count. After each chunk the host reads
+those counts; after an overflow it grows the arrays, puts back the state saved at the chunk start,
+rebuilds the list that was in force then from its reference positions (same input, same deterministic
+kernels: the same list) and runs the chunk again, so results are those of a run that had enough room
+from the start.
+
+Results: the physics of the default driver. Neighbour order and the periodic arithmetic (minimum image
+instead of ghost coordinates) differ, so thermo agrees with it and with the CPU to rounding (GPU tests:
+<= 1e-10 relative over 100 fp64 steps), and runs are bitwise reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hpcgpu.arch import on_stream
+from hpcgpu.errors import ConfigurationError
+
+from ._arrays import THREADS_PER_BLOCK, blocks_for, raw_kernel
+from .neighbors import GROWTH, NeighborList
+from .watch import NOT_EXCEEDED
+
+#: Steps per graph (and per host check) when ``MDConfig.check_interval`` is None.
+DEFAULT_CHUNK = 25
+#: Control words on the device: builds so far, largest neighbour count, largest cell count.
+_BUILDS, _NEIGHBORS_NEEDED, _CELL_NEEDED = range(3)
+#: Graphs kept (keys: chunk length, energy on the last step).
+MAX_GRAPHS = 6
+
+_CUDA_SOURCE = r"""
+#define NOT_EXCEEDED 2147483647
+
+/* Start of a step: advance the step counter, clear the rebuild flag of the previous step (the watch's
+   first-exceeded word), zero the cell counts for this step's possible binning. */
+extern "C" __global__ void md_resident_begin(long long* counter, int* watch, int* cell_count, int n_cells) {
+    const int c = blockDim.x * blockIdx.x + threadIdx.x;
+    if (c == 0) {
+        counter[0] += 1;
+        watch[0] = NOT_EXCEEDED;
+        watch[1] = 0;
+    }
+    if (c < n_cells) cell_count[c] = 0;
+}
+
+/* [flag] Wrap into the box (wrap = 1: positions, images and reference updated; wrap = 0: bin the
+   reference positions as they are), then append each atom to its cell's slots. */
+template <typename real>
+__global__ void md_resident_bin(real* __restrict__ positions, int* __restrict__ images, real* __restrict__ reference,
+                                int n, int wrap, real box_x, real box_y, real box_z,
+                                real cells_per_x, real cells_per_y, real cells_per_z, int nx, int ny, int nz,
+                                int* __restrict__ cell_count, int* __restrict__ cell_atoms, int cell_capacity,
+                                const int* __restrict__ watch, int* __restrict__ control) {
+    if (watch[0] == NOT_EXCEEDED) return;
+    const int i = blockDim.x * blockIdx.x + threadIdx.x;
+    if (i >= n) return;
+    const real box[3] = {box_x, box_y, box_z};
+    real p[3];
+    for (int axis = 0; axis < 3; ++axis) {
+        real x = wrap ? positions[3 * i + axis] : reference[3 * i + axis];
+        if (wrap) {   /* the arithmetic of ghosts.md_wrap */
+            int crossings = (int)floor(x / box[axis]);
+            x -= crossings * box[axis];
+            if (x >= box[axis]) { x -= box[axis]; crossings += 1; }
+            positions[3 * i + axis] = x;
+            reference[3 * i + axis] = x;
+            images[3 * i + axis] += crossings;
+        }
+        p[axis] = x;
+    }
+    const int cx = min(max((int)floor(p[0] * cells_per_x), 0), nx - 1);
+    const int cy = min(max((int)floor(p[1] * cells_per_y), 0), ny - 1);
+    const int cz = min(max((int)floor(p[2] * cells_per_z), 0), nz - 1);
+    const int cell = (cz * ny + cy) * nx + cx;
+    const int slot = atomicAdd(cell_count + cell, 1);
+    if (slot < cell_capacity) cell_atoms[(long long)cell * cell_capacity + slot] = i;
+    else atomicMax(control + 2, slot + 1);
+}
+
+/* [flag] Ascending atom index inside every cell: the list order, hence the forces' summation order,
+   does not depend on the order of the atomics above. One thread per cell, insertion sort. */
+extern "C" __global__ void md_resident_sort_cells(const int* __restrict__ watch, const int* __restrict__ cell_count,
+                                                  int n_cells, int cell_capacity, int* __restrict__ cell_atoms) {
+    if (watch[0] == NOT_EXCEEDED) return;
+    const int c = blockDim.x * blockIdx.x + threadIdx.x;
+    if (c >= n_cells) return;
+    int* slots = cell_atoms + (long long)c * cell_capacity;
+    const int m = min(cell_count[c], cell_capacity);
+    for (int k = 1; k < m; ++k) {
+        const int value = slots[k];
+        int q = k - 1;
+        while (q >= 0 && slots[q] > value) { slots[q + 1] = slots[q]; --q; }
+        slots[q + 1] = value;
+    }
+}
+
+/* [flag] Full neighbour list from the reference (build-time) positions, 27 periodic neighbour cells,
+   minimum-image distances. Counts past the capacity are recorded (control[1]) but not stored. */
+template <typename real>
+__global__ void md_resident_neighbors(const real* __restrict__ reference, int n, real box_x, real box_y, real box_z,
+                                      real inverse_x, real inverse_y, real inverse_z,
+                                      real cells_per_x, real cells_per_y, real cells_per_z, int nx, int ny, int nz,
+                                      const int* __restrict__ cell_count, const int* __restrict__ cell_atoms,
+                                      int cell_capacity, real cutoff_sq, int capacity, int* __restrict__ neighbors,
+                                      int* __restrict__ counts, const int* __restrict__ watch,
+                                      int* __restrict__ control, int count_build) {
+    if (watch[0] == NOT_EXCEEDED) return;
+    const int i = blockDim.x * blockIdx.x + threadIdx.x;
+    if (i == 0 && count_build) control[0] += 1;
+    if (i >= n) return;
+    const real xi = reference[3 * i], yi = reference[3 * i + 1], zi = reference[3 * i + 2];
+    const int cx = min(max((int)floor(xi * cells_per_x), 0), nx - 1);
+    const int cy = min(max((int)floor(yi * cells_per_y), 0), ny - 1);
+    const int cz = min(max((int)floor(zi * cells_per_z), 0), nz - 1);
+    int count = 0;
+    for (int oz = -1; oz <= 1; ++oz) {
+        const int z = (cz + oz + nz) % nz;
+        for (int oy = -1; oy <= 1; ++oy) {
+            const int y = (cy + oy + ny) % ny;
+            for (int ox = -1; ox <= 1; ++ox) {
+                const int cell = (z * ny + y) * nx + (cx + ox + nx) % nx;
+                const int* slots = cell_atoms + (long long)cell * cell_capacity;
+                const int m = min(cell_count[cell], cell_capacity);
+                for (int k = 0; k < m; ++k) {
+                    const int j = slots[k];
+                    if (j == i) continue;
+                    real dx = xi - reference[3 * j];
+                    real dy = yi - reference[3 * j + 1];
+                    real dz = zi - reference[3 * j + 2];
+                    dx -= box_x * rint(dx * inverse_x);
+                    dy -= box_y * rint(dy * inverse_y);
+                    dz -= box_z * rint(dz * inverse_z);
+                    if (dx * dx + dy * dy + dz * dz < cutoff_sq) {
+                        if (count < capacity) neighbors[(long long)count * n + i] = j;
+                        ++count;
+                    }
+                }
+            }
+        }
+    }
+    counts[i] = count;
+    atomicMax(control + 1, count);
+}
+"""
+
+_NAMES = ("md_resident_begin", "md_resident_sort_cells",
+          *(f"{kernel}<{real}>" for kernel in ("md_resident_bin", "md_resident_neighbors") for real in ("float", "double")))
+
+
+def _kernel(name, dtype=None):
+    if dtype is None:
+        return raw_kernel(_CUDA_SOURCE, _NAMES, name)
+    real = "float" if np.dtype(dtype) == np.float32 else "double"
+    return raw_kernel(_CUDA_SOURCE, _NAMES, f"{name}<{real}>")
+
+
+def cells_per_axis(box, cutoff: float) -> tuple:
+    """Periodic cells per axis: as many as fit with edges of at least ``cutoff`` (sigma)."""
+    return tuple(max(1, int(math.floor(float(length) / cutoff))) for length in box)
+
+
+def resident_problems(state, config) -> list:
+    """Why the device-resident driver cannot run ``state`` (an empty list: it can).
+
+    The same verdict on every rank (it depends on the configuration, the box and the rank count only).
+    """
+    problems = []
+    if not state.is_gpu:
+        problems.append("it needs a GPU (--backend cupy)")
+    if state.domain.comm.size != 1:
+        problems.append(f"it runs one rank (the job has {state.domain.comm.size})")
+    if config.thermostat not in (None, "langevin"):
+        problems.append("Nose-Hoover needs the kinetic energy on the host every step")
+    if config.rebuild_every != 1 or not config.rebuild_check:
+        problems.append("it checks the skin/2 displacement every step (--rebuild-every 1, no --no-check)")
+    cells = cells_per_axis(state.box, config.ghost_width)
+    if min(cells) < 3:
+        problems.append(f"the box must span at least 3 cells of cutoff + skin = {config.ghost_width:g} sigma per "
+                        f"axis (minimum image); it spans {cells}")
+    return problems
+
+
+def resident_applies(state, config) -> bool:
+    """True if ``state`` runs device-resident: ``config.resident`` True, or None (automatic) and possible.
+
+    Raises ConfigurationError when it is requested (True) but not possible, saying why.
+    """
+    wanted = getattr(config, "resident", None)
+    if wanted is False:
+        return False
+    problems = resident_problems(state, config)
+    if wanted and problems:
+        raise ConfigurationError("--resident on cannot be used: " + "; ".join(problems) + ". Use --resident auto.")
+    return not problems
+
+
+class ResidentSteps:
+    """Owns the device arrays of the resident driver and runs chunks of steps as CUDA graphs.
+
+    Takes over a :class:`~apps.md.distributed.DistributedState` built by the default driver (owned
+    atoms first, its neighbour list built at ``neighbor_list.reference_positions``): the ghost rows are
+    dropped, and the list in force is rebuilt with minimum-image distances from the same reference
+    positions. ``state.forces`` are kept as they are (a restart continues from the saved forces).
+
+    Parameters
+    ----------
+    state : DistributedState -- one rank, on the GPU
+    config : MDConfig
+
+    Attributes
+    ----------
+    chunk : int -- steps per graph and per host check
+    n_chunks, n_redone, n_captures : int -- chunks run, chunks run again after an overflow, graphs captured
+    """
+
+    def __init__(self, state, config):
+        import cupy
+
+        self.config = config
+        self.chunk = int(config.check_interval) if config.check_interval is not None else DEFAULT_CHUNK
+        n = state.n_local
+        dtype = state.positions.dtype
+        self.real = dtype.type
+        self.box = np.asarray(state.box, dtype=np.float64)
+        self.cutoff = float(config.ghost_width)
+        self.cells = cells_per_axis(self.box, self.cutoff)
+        self.n_cells = int(np.prod(self.cells))
+        state.positions = cupy.ascontiguousarray(state.positions[:n])
+        state.types = cupy.ascontiguousarray(state.types[:n])
+        self.reference = cupy.array(state.neighbor_list.reference_positions, copy=True)
+        mean_per_cell = n / self.n_cells
+        self.cell_capacity = int(math.ceil(1.5 * mean_per_cell)) + 8
+        self.neighbor_capacity = int(state.neighbor_list.capacity)
+        self.cell_count = cupy.zeros(self.n_cells, dtype=cupy.int32)
+        self.cell_atoms = cupy.empty(self.n_cells * self.cell_capacity, dtype=cupy.int32)
+        self.neighbors = cupy.empty((self.neighbor_capacity, n), dtype=cupy.int32)
+        self.counts = cupy.zeros(n, dtype=cupy.int32)
+        self.watch = cupy.asarray(np.array([NOT_EXCEEDED, 0], dtype=np.int32))
+        self.control = cupy.zeros(3, dtype=cupy.int32)
+        self.counter = cupy.full(1, state.step, dtype=cupy.int64)
+        self.per_atom = cupy.zeros((2, n), dtype=cupy.float64)
+        self.builds_base = int(state.n_builds)
+        self.reallocations = 0
+        self.pending = 0
+        self.n_chunks = self.n_redone = self.n_captures = 0
+        self._state = state    # the state whose arrays the chunks change (and _save / _restore copy)
+        self._saved = None
+        self._graphs = {}
+        self._stream = cupy.cuda.Stream(non_blocking=True)
+        self._load_kernels(dtype)
+        self._build_from_reference(state)
+
+    # -- the host-side step ----------------------------------------------------------------------
+    def step(self, state, compute_energy: bool, timers) -> None:
+        """Queue one step; run the queued chunk when it is full or this step needs its energy."""
+        state.step += 1
+        self.pending += 1
+        if compute_energy or self.pending >= self.chunk:
+            self.flush(state, timers, energy_last=compute_energy)
+
+    def flush(self, state, timers=None, energy_last: bool = False) -> None:
+        """Run the queued steps (one graph), then read the control words and redo them after an overflow."""
+        n_steps = self.pending
+        if n_steps == 0:
+            return
+        start_step = state.step - n_steps
+        self._save()
+        while True:
+            with _phase(timers, "compute"):
+                self._launch(state, n_steps, energy_last)
+            control = self.control.get()   # the one synchronisation per chunk
+            if control[_NEIGHBORS_NEEDED] <= self.neighbor_capacity and control[_CELL_NEEDED] <= self.cell_capacity:
+                break
+            self.n_redone += 1
+            self._grow(control)
+            self._restore(start_step)
+            self._build_from_reference(state)
+        self.pending = 0
+        self.n_chunks += 1
+        state.n_builds = self.builds_base + int(control[_BUILDS])
+        state.n_reallocations = self.reallocations
+        if energy_last:
+            state.per_atom_energy, state.energy_step = (self.per_atom[0], self.per_atom[1]), state.step
+
+    def energy(self, state, forces) -> None:
+        """Per-atom E_pair and W of the current positions (into ``state.per_atom_energy``); forces into
+        ``forces`` (a scratch array: the state's forces may carry Langevin terms)."""
+        from .forces import compute_forces_periodic
+
+        self.flush(state)
+        compute_forces_periodic(state.positions, state.types, state.neighbor_list, state.pair_table, forces,
+                                self.box, per_atom=self.per_atom)
+        state.per_atom_energy, state.energy_step = (self.per_atom[0], self.per_atom[1]), state.step
+
+    def summary(self) -> dict:
+        return {"chunk": self.chunk, "chunks": self.n_chunks, "chunks_redone": self.n_redone,
+                "graphs_captured": self.n_captures, "cells": list(self.cells), "cell_capacity": self.cell_capacity}
+
+    # -- kernels -----------------------------------------------------------------------------------
+    def _load_kernels(self, dtype) -> None:
+        """Compile and load every kernel a graph holds now: no module loading while a stream captures."""
+        from . import forces, integrate, watch
+
+        real = "float" if np.dtype(dtype) == np.float32 else "double"
+        for name in _NAMES:
+            if "<" not in name or name.endswith(f"<{real}>"):
+                raw_kernel(_CUDA_SOURCE, _NAMES, name)
+        raw_kernel(watch._CUDA_SOURCE, watch._NAMES, f"md_first_half_watch<{real}>")
+        raw_kernel(forces._CUDA_SOURCE, forces._NAMES, f"md_lj_forces<{real}>")
+        for name in ("md_langevin", "md_second_half"):
+            raw_kernel(integrate._CUDA_SOURCE, integrate._NAMES, f"{name}<{real}>")
+
+    def _geometry(self):
+        real = self.real
+        box = tuple(real(v) for v in self.box)
+        per_length = tuple(real(c / v) for c, v in zip(self.cells, self.box))
+        return box, per_length, tuple(np.int32(c) for c in self.cells)
+
+    def _rebuild_if_flagged(self, state, wrap: bool, count_build: bool) -> None:
+        """Queue bin -> sort cells -> neighbours (each returns at once unless the watch flag is raised)."""
+        n = state.n_local
+        box, per_length, shape = self._geometry()
+        _kernel("md_resident_bin", state.positions.dtype)(
+            (blocks_for(n),), (THREADS_PER_BLOCK,),
+            (state.positions, state.images, self.reference, np.int32(n), np.int32(wrap), *box, *per_length, *shape,
+             self.cell_count, self.cell_atoms, np.int32(self.cell_capacity), self.watch, self.control))
+        _kernel("md_resident_sort_cells")(
+            (blocks_for(self.n_cells),), (THREADS_PER_BLOCK,),
+            (self.watch, self.cell_count, np.int32(self.n_cells), np.int32(self.cell_capacity), self.cell_atoms))
+        inverse = tuple(self.real(1.0 / v) for v in self.box)
+        _kernel("md_resident_neighbors", state.positions.dtype)(
+            (blocks_for(n),), (THREADS_PER_BLOCK,),
+            (self.reference, np.int32(n), *box, *inverse, *per_length, *shape, self.cell_count, self.cell_atoms,
+             np.int32(self.cell_capacity), self.real(self.cutoff * self.cutoff), np.int32(self.neighbor_capacity),
+             self.neighbors, self.counts, self.watch, self.control, np.int32(count_build)))
+
+    def _record_step(self, state, energy: bool) -> None:
+        """Queue one whole step (the chain in the module docstring)."""
+        from .forces import compute_forces_periodic
+        from .integrate import langevin_forces, velocity_verlet_second_half
+        from .watch import first_half_and_watch
+
+        config = self.config
+        _kernel("md_resident_begin")((blocks_for(max(self.n_cells, 1)),), (THREADS_PER_BLOCK,),
+                                     (self.counter, self.watch, self.cell_count, np.int32(self.n_cells)))
+        first_half_and_watch(state.positions, state.velocities, state.forces, state.masses, config.dt, self.reference,
+                             (0.5 * config.skin) ** 2, 0, self.watch, step_counter=self.counter)
+        self._rebuild_if_flagged(state, wrap=True, count_build=True)
+        compute_forces_periodic(state.positions, state.types, state.neighbor_list, state.pair_table, state.forces,
+                                self.box, per_atom=self.per_atom if energy else None)
+        if config.thermostat == "langevin":
+            langevin_forces(state.forces, state.velocities, state.masses, state.atom_ids, config.temperature,
+                            config.damping, config.dt, config.seed, 0, step_counter=self.counter)
+        velocity_verlet_second_half(state.velocities, state.forces, state.masses, config.dt)
+
+    def _launch(self, state, n_steps: int, energy_last: bool) -> None:
+        """Run ``n_steps`` steps (energy on the last one if asked) as one graph, captured on first use."""
+        key = (n_steps, bool(energy_last))
+        graph = self._graphs.get(key)
+        if graph is None:
+            if len(self._graphs) >= MAX_GRAPHS:
+                self._graphs.clear()   # the host synchronised after every launch: none is running
+            # Capture on a private stream; ``on_stream`` keeps the compute stream current afterwards.
+            with on_stream(self._stream):
+                self._stream.begin_capture()
+                try:
+                    for number in range(n_steps):
+                        self._record_step(state, energy_last and number == n_steps - 1)
+                finally:
+                    graph = self._stream.end_capture()
+            self._graphs[key] = graph
+            self.n_captures += 1
+        graph.launch()
+
+    # -- builds, overflow and redo -----------------------------------------------------------------
+    def _build_from_reference(self, state) -> None:
+        """Build the list of the reference positions now (not counted as a rebuild), growing until it fits."""
+        while True:
+            self.cell_count.fill(0)
+            self.watch[0] = 0   # raise the flag: the [flag] kernels run
+            self.control[_NEIGHBORS_NEEDED] = 0
+            self.control[_CELL_NEEDED] = 0
+            self._rebuild_if_flagged(state, wrap=False, count_build=False)
+            self.watch[0] = NOT_EXCEEDED
+            control = self.control.get()
+            if control[_NEIGHBORS_NEEDED] <= self.neighbor_capacity and control[_CELL_NEEDED] <= self.cell_capacity:
+                break
+            self._grow(control)
+        state.neighbor_list = NeighborList(neighbors=self.neighbors, counts=self.counts, cutoff=self.cutoff,
+                                           skin=float(self.config.skin), reference_positions=self.reference,
+                                           n_reallocations=self.reallocations)
+
+    def _grow(self, control) -> None:
+        """Larger neighbour and/or cell arrays after an overflow (graphs hold the old pointers: dropped)."""
+        import cupy
+
+        n = self.counts.shape[0]
+        if control[_NEIGHBORS_NEEDED] > self.neighbor_capacity:
+            self.neighbor_capacity = int(math.ceil(control[_NEIGHBORS_NEEDED] * GROWTH)) + 8
+            self.neighbors = cupy.empty((self.neighbor_capacity, n), dtype=cupy.int32)
+        if control[_CELL_NEEDED] > self.cell_capacity:
+            self.cell_capacity = int(math.ceil(control[_CELL_NEEDED] * GROWTH)) + 8
+            self.cell_atoms = cupy.empty(self.n_cells * self.cell_capacity, dtype=cupy.int32)
+        self.reallocations += 1
+        self._graphs.clear()
+
+    def _save(self) -> None:
+        """Copies of what a chunk changes, taken before it runs (device copies, no synchronisation)."""
+        previous = self._saved or {}
+        saved = {}
+        for name, array in self._state_arrays().items():
+            buffer = previous.get(name)
+            if buffer is None or buffer.shape != array.shape:
+                buffer = array.copy()
+            else:
+                buffer[...] = array
+            saved[name] = buffer
+        self._saved = saved
+
+    def _restore(self, start_step: int) -> None:
+        for name, array in self._state_arrays().items():
+            array[...] = self._saved[name]
+        self.counter.fill(start_step)
+        self.watch[0] = NOT_EXCEEDED
+
+    def _state_arrays(self) -> dict:
+        state = self._state
+        return {"positions": state.positions, "velocities": state.velocities, "forces": state.forces,
+                "images": state.images, "reference": self.reference, "control": self.control}
+
+
+def _phase(timers, name):
+    import contextlib
+
+    return contextlib.nullcontext() if timers is None else timers.phase(name)
