@@ -158,7 +158,7 @@ def settle(state: DistributedState, config: MDConfig | None = None, timers=None)
     :func:`thermo`, :func:`gather_by_id` and :func:`checkpoint_payload` call it themselves.
     """
     if state.resident is not None:
-        state.resident.flush(state, timers)
+        state.resident.settle(state, timers)
         return
     watch = state.watch
     if watch is None or watch.verified_step >= state.step:

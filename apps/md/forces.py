@@ -110,7 +110,8 @@ def compute_forces_periodic(positions, types, neighbor_list: NeighborList, pair_
 
     The device-resident driver (:mod:`apps.md.resident`) keeps only owned atoms; the list holds owned
     indices and every pair distance is folded into ``[-L/2, L/2]`` per axis. Same pair math and float64
-    accumulation as :func:`compute_forces`.
+    accumulation as :func:`compute_forces`; :func:`lanes_per_atom` threads share an atom's neighbours
+    (a fixed shuffle tree adds their sums: the same bits on every run).
 
     Parameters
     ----------
@@ -134,22 +135,35 @@ def compute_forces_periodic(positions, types, neighbor_list: NeighborList, pair_
     if per_atom is not None:
         check_array("per_atom", per_atom, shape=(2, n_local), dtypes=[np.float64], like=positions)
     if n_local > 0:
-        _launch_gpu(positions, types, neighbor_list, pair_table, forces, per_atom, np.asarray(box, np.float64))
+        _launch_gpu(positions, types, neighbor_list, pair_table, forces, per_atom, np.asarray(box, np.float64),
+                    lanes=lanes_per_atom(n_local))
 
 
-def _launch_gpu(positions, types, neighbor_list, pair_table, forces, per_atom, box):
-    """One launch of ``md_lj_forces``; ``box`` None = distances as stored (ghosts), else minimum image."""
+def lanes_per_atom(n_atoms: int) -> int:
+    """Threads that share one atom's neighbours in the force kernel: enough for ~half a million threads
+    (a small system otherwise leaves each thread a long chain of dependent loads on a mostly idle GPU),
+    a power of two from 1 to 16."""
+    lanes = 1
+    while lanes < 16 and n_atoms * lanes * 2 <= 2**19:
+        lanes *= 2
+    return lanes
+
+
+def _launch_gpu(positions, types, neighbor_list, pair_table, forces, per_atom, box, lanes=1):
+    """One launch of ``md_lj_forces``; ``box`` None = distances as stored (ghosts), else minimum image;
+    ``lanes`` threads per atom (a power of two up to 32)."""
     n_local = neighbor_list.n_local
     real = positions.dtype.type
     real_name = "float" if positions.dtype == np.float32 else "double"
     periodic = box is not None
     box = np.ones(3) if box is None else box
     kernel = raw_kernel(_CUDA_SOURCE, _NAMES, f"md_lj_forces<{real_name}>")
-    kernel((blocks_for(n_local),), (THREADS_PER_BLOCK,),
+    kernel((blocks_for(n_local * lanes),), (THREADS_PER_BLOCK,),
            (positions, types, neighbor_list.neighbors, neighbor_list.counts, np.int32(n_local),
             np.int32(neighbor_list.capacity), pair_table, np.int32(pair_table.shape[0]), forces,
             np.int32(per_atom is not None), np.uint64(0) if per_atom is None else per_atom,
-            np.int32(periodic), *(real(v) for v in box), *(real(1.0 / v) for v in box)))
+            np.int32(periodic), *(real(v) for v in box), *(real(1.0 / v) for v in box),
+            np.int32(int(lanes).bit_length() - 1)))
 
 
 def _per_atom_cpu(positions, types, neighbor_list, pair_table, forces):
@@ -209,55 +223,70 @@ __global__ void md_lj_forces(const real* __restrict__ positions, const int* __re
                              int n_local, int capacity, const real* __restrict__ table, int n_types,
                              real* __restrict__ forces, int compute_energy, double* __restrict__ per_atom,
                              int minimum_image, real box_x, real box_y, real box_z,
-                             real inverse_x, real inverse_y, real inverse_z) {
-    const int i = blockDim.x * blockIdx.x + threadIdx.x;
+                             real inverse_x, real inverse_y, real inverse_z, int lane_bits) {
+    /* 2**lane_bits consecutive threads of one warp share atom i: lane l takes neighbours l, l + lanes, ...
+       and the lanes' sums are combined by a fixed shuffle tree. One lane (lane_bits 0) is the plain loop. */
+    const int thread = blockDim.x * blockIdx.x + threadIdx.x;
+    const int lanes = 1 << lane_bits;
+    const int i = thread >> lane_bits;
+    const int lane = thread & (lanes - 1);
+    const unsigned group = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1u) << ((threadIdx.x & 31) & ~(lanes - 1));
+    if (i >= n_local) return;   /* the same for every lane of a group */
+    const real xi = positions[3 * i], yi = positions[3 * i + 1], zi = positions[3 * i + 2];
+    const real* row = table + 5 * n_types * types[i];
+    double fx = 0.0, fy = 0.0, fz = 0.0;   /* float64 accumulation even in the float32 path */
     double energy = 0.0, virial = 0.0;
-    if (i < n_local) {
-        const real xi = positions[3 * i], yi = positions[3 * i + 1], zi = positions[3 * i + 2];
-        const real* row = table + 5 * n_types * types[i];
-        double fx = 0.0, fy = 0.0, fz = 0.0;   /* float64 accumulation even in the float32 path */
-        const int count = min(counts[i], capacity);
-        for (int k = 0; k < count; ++k) {
-            const int j = neighbors[(long long)k * n_local + i];   /* coalesced across the warp */
-            real dx = xi - positions[3 * j];
-            real dy = yi - positions[3 * j + 1];
-            real dz = zi - positions[3 * j + 2];
-            if (minimum_image) {   /* periodic box without ghosts (apps.md.resident) */
-                dx -= box_x * rint(dx * inverse_x);
-                dy -= box_y * rint(dy * inverse_y);
-                dz -= box_z * rint(dz * inverse_z);
+    const int count = min(counts[i], capacity);
+    for (int k = lane; k < count; k += lanes) {
+        const int j = neighbors[(long long)k * n_local + i];   /* coalesced across the warp */
+        real dx = xi - positions[3 * j];
+        real dy = yi - positions[3 * j + 1];
+        real dz = zi - positions[3 * j + 2];
+        if (minimum_image) {   /* periodic box without ghosts (apps.md.resident) */
+            dx -= box_x * rint(dx * inverse_x);
+            dy -= box_y * rint(dy * inverse_y);
+            dz -= box_z * rint(dz * inverse_z);
+        }
+        const real rsq = dx * dx + dy * dy + dz * dz;
+        const real* pair = row + 5 * types[j];
+        if (rsq < pair[2]) {
+            const real inv_r2 = real(1) / rsq;
+            const real inv_r6 = inv_r2 * inv_r2 * inv_r2;
+            real force_over_r = (real(12) * pair[0] * inv_r6 - real(6) * pair[1]) * inv_r6 * inv_r2;
+            real pair_energy = (pair[0] * inv_r6 - pair[1]) * inv_r6 - pair[3];
+            const real force_shift = pair[4];
+            if (force_shift != real(0)) {
+                const real r = sqrt(rsq);
+                force_over_r -= force_shift / r;
+                pair_energy += force_shift * r;
             }
-            const real rsq = dx * dx + dy * dy + dz * dz;
-            const real* pair = row + 5 * types[j];
-            if (rsq < pair[2]) {
-                const real inv_r2 = real(1) / rsq;
-                const real inv_r6 = inv_r2 * inv_r2 * inv_r2;
-                real force_over_r = (real(12) * pair[0] * inv_r6 - real(6) * pair[1]) * inv_r6 * inv_r2;
-                real pair_energy = (pair[0] * inv_r6 - pair[1]) * inv_r6 - pair[3];
-                const real force_shift = pair[4];
-                if (force_shift != real(0)) {
-                    const real r = sqrt(rsq);
-                    force_over_r -= force_shift / r;
-                    pair_energy += force_shift * r;
-                }
-                fx += (double)(dx * force_over_r);
-                fy += (double)(dy * force_over_r);
-                fz += (double)(dz * force_over_r);
-                if (compute_energy) {
-                    energy += (double)pair_energy;
-                    virial += (double)(rsq * force_over_r);
-                }
+            fx += (double)(dx * force_over_r);
+            fy += (double)(dy * force_over_r);
+            fz += (double)(dz * force_over_r);
+            if (compute_energy) {
+                energy += (double)pair_energy;
+                virial += (double)(rsq * force_over_r);
             }
         }
-        forces[3 * i] = (real)fx;
-        forces[3 * i + 1] = (real)fy;
-        forces[3 * i + 2] = (real)fz;
+    }
+    for (int offset = lanes >> 1; offset > 0; offset >>= 1) {
+        fx += __shfl_down_sync(group, fx, offset, lanes);
+        fy += __shfl_down_sync(group, fy, offset, lanes);
+        fz += __shfl_down_sync(group, fz, offset, lanes);
         if (compute_energy) {
-            /* Per-atom shares (half of each pair, seen twice in a full list), summed later in a fixed
-               order: no float atomics, so thermo is the same on every run. Rows: E_pair, then W. */
-            per_atom[i] = 0.5 * energy;
-            per_atom[(long long)n_local + i] = 0.5 * virial;
+            energy += __shfl_down_sync(group, energy, offset, lanes);
+            virial += __shfl_down_sync(group, virial, offset, lanes);
         }
+    }
+    if (lane != 0) return;
+    forces[3 * i] = (real)fx;
+    forces[3 * i + 1] = (real)fy;
+    forces[3 * i + 2] = (real)fz;
+    if (compute_energy) {
+        /* Per-atom shares (half of each pair, seen twice in a full list), summed later in a fixed
+           order: no float atomics, so thermo is the same on every run. Rows: E_pair, then W. */
+        per_atom[i] = 0.5 * energy;
+        per_atom[(long long)n_local + i] = 0.5 * virial;
     }
 }
 """

@@ -17,7 +17,10 @@ can stay on the device, and the step becomes a fixed chain of kernels::
 
 Kernels marked [flag] return at once unless the first half raised the flag, so every step launches the
 same kernels with the same arguments, and a *chunk* of steps (``check_interval``, 25 by default) is
-captured once and replayed as one CUDA graph: one host call and one device-to-host read per chunk.
+captured once and replayed as one CUDA graph: one host call and one device-to-host read per chunk. The
+read of a chunk's control words happens when the next chunk is launched (or at :meth:`ResidentSteps.settle`),
+so the host queues the next steps while the GPU runs; each graph starts by copying what it changes
+(positions, velocities, forces, images, reference positions, control words) into snapshot buffers.
 
 No ghost atoms: periodic images come from the minimum-image convention, valid when the box is at least
 three cells of ``cutoff + skin`` on every axis (then the 27 neighbour cells are distinct); smaller boxes,
@@ -25,8 +28,8 @@ several ranks, Nose-Hoover (a host scalar per step) and rebuild schedules other 
 use the default driver.
 
 Capacity overflow is never silent: cell slots and the neighbour list have fixed capacities; the kernels
-keep counting past them (writing nothing) and record the largest count. After each chunk the host reads
-those counts; after an overflow it grows the arrays, puts back the state saved at the chunk start,
+keep counting past them (writing nothing) and record the largest count. When the host reads those
+counts after an overflow, it grows the arrays, puts back the snapshot taken at the chunk start,
 rebuilds the list that was in force then from its reference positions (same input, same deterministic
 kernels: the same list) and runs the chunk again, so results are those of a run that had enough room
 from the start.
@@ -46,6 +49,7 @@ from hpcgpu.arch import on_stream
 from hpcgpu.errors import ConfigurationError
 
 from ._arrays import THREADS_PER_BLOCK, blocks_for, raw_kernel
+from .forces import lanes_per_atom
 from .neighbors import GROWTH, NeighborList
 from .watch import NOT_EXCEEDED
 
@@ -123,7 +127,9 @@ extern "C" __global__ void md_resident_sort_cells(const int* __restrict__ watch,
 }
 
 /* [flag] Full neighbour list from the reference (build-time) positions, 27 periodic neighbour cells,
-   minimum-image distances. Counts past the capacity are recorded (control[1]) but not stored. */
+   minimum-image distances. 2**lane_bits consecutive threads of a warp share atom i: they test a cell's
+   slots side by side and append the hits with a ballot, in slot order, so the list is the one a single
+   thread would write. Counts past the capacity are recorded (control[1]) but not stored. */
 template <typename real>
 __global__ void md_resident_neighbors(const real* __restrict__ reference, int n, real box_x, real box_y, real box_z,
                                       real inverse_x, real inverse_y, real inverse_z,
@@ -131,11 +137,16 @@ __global__ void md_resident_neighbors(const real* __restrict__ reference, int n,
                                       const int* __restrict__ cell_count, const int* __restrict__ cell_atoms,
                                       int cell_capacity, real cutoff_sq, int capacity, int* __restrict__ neighbors,
                                       int* __restrict__ counts, const int* __restrict__ watch,
-                                      int* __restrict__ control, int count_build) {
+                                      int* __restrict__ control, int count_build, int lane_bits) {
     if (watch[0] == NOT_EXCEEDED) return;
-    const int i = blockDim.x * blockIdx.x + threadIdx.x;
-    if (i == 0 && count_build) control[0] += 1;
-    if (i >= n) return;
+    const int thread = blockDim.x * blockIdx.x + threadIdx.x;
+    if (thread == 0 && count_build) control[0] += 1;
+    const int lanes = 1 << lane_bits;
+    const int i = thread >> lane_bits;
+    const int lane = thread & (lanes - 1);
+    const int first_lane = (threadIdx.x & 31) & ~(lanes - 1);
+    const unsigned group = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1u) << first_lane;
+    if (i >= n) return;   /* the same for every lane of a group */
     const real xi = reference[3 * i], yi = reference[3 * i + 1], zi = reference[3 * i + 2];
     const int cx = min(max((int)floor(xi * cells_per_x), 0), nx - 1);
     const int cy = min(max((int)floor(yi * cells_per_y), 0), ny - 1);
@@ -149,23 +160,31 @@ __global__ void md_resident_neighbors(const real* __restrict__ reference, int n,
                 const int cell = (z * ny + y) * nx + (cx + ox + nx) % nx;
                 const int* slots = cell_atoms + (long long)cell * cell_capacity;
                 const int m = min(cell_count[cell], cell_capacity);
-                for (int k = 0; k < m; ++k) {
-                    const int j = slots[k];
-                    if (j == i) continue;
-                    real dx = xi - reference[3 * j];
-                    real dy = yi - reference[3 * j + 1];
-                    real dz = zi - reference[3 * j + 2];
-                    dx -= box_x * rint(dx * inverse_x);
-                    dy -= box_y * rint(dy * inverse_y);
-                    dz -= box_z * rint(dz * inverse_z);
-                    if (dx * dx + dy * dy + dz * dz < cutoff_sq) {
-                        if (count < capacity) neighbors[(long long)count * n + i] = j;
-                        ++count;
+                for (int base = 0; base < m; base += lanes) {
+                    const int k = base + lane;
+                    int j = -1;
+                    bool hit = false;
+                    if (k < m) {
+                        j = slots[k];
+                        real dx = xi - reference[3 * j];
+                        real dy = yi - reference[3 * j + 1];
+                        real dz = zi - reference[3 * j + 2];
+                        dx -= box_x * rint(dx * inverse_x);
+                        dy -= box_y * rint(dy * inverse_y);
+                        dz -= box_z * rint(dz * inverse_z);
+                        hit = j != i && dx * dx + dy * dy + dz * dz < cutoff_sq;
                     }
+                    const unsigned hits = (__ballot_sync(group, hit) & group) >> first_lane;
+                    if (hit) {
+                        const int position = count + __popc(hits & ((1u << lane) - 1u));
+                        if (position < capacity) neighbors[(long long)position * n + i] = j;
+                    }
+                    count += __popc(hits);
                 }
             }
         }
     }
+    if (lane != 0) return;
     counts[i] = count;
     atomicMax(control + 1, count);
 }
@@ -267,12 +286,14 @@ class ResidentSteps:
         self.control = cupy.zeros(3, dtype=cupy.int32)
         self.counter = cupy.full(1, state.step, dtype=cupy.int64)
         self.per_atom = cupy.zeros((2, n), dtype=cupy.float64)
+        self.lanes = lanes_per_atom(n)   # threads per atom in the neighbour build (and the force kernel)
         self.builds_base = int(state.n_builds)
         self.reallocations = 0
         self.pending = 0
         self.n_chunks = self.n_redone = self.n_captures = 0
-        self._state = state    # the state whose arrays the chunks change (and _save / _restore copy)
-        self._saved = None
+        self._state = state    # the state whose arrays the chunks change (snapshot and restore)
+        self._unverified = None   # (first step, steps, energy on the last) of the chunk not yet checked
+        self._saved = {name: array.copy() for name, array in self._state_arrays().items()}
         self._graphs = {}
         self._stream = cupy.cuda.Stream(non_blocking=True)
         self._load_kernels(dtype)
@@ -280,48 +301,66 @@ class ResidentSteps:
 
     # -- the host-side step ----------------------------------------------------------------------
     def step(self, state, compute_energy: bool, timers) -> None:
-        """Queue one step; run the queued chunk when it is full or this step needs its energy."""
+        """Queue one step; launch the queued chunk when it is full or this step needs its energy."""
         state.step += 1
         self.pending += 1
         if compute_energy or self.pending >= self.chunk:
             self.flush(state, timers, energy_last=compute_energy)
 
     def flush(self, state, timers=None, energy_last: bool = False) -> None:
-        """Run the queued steps (one graph), then read the control words and redo them after an overflow."""
+        """Verify the chunk launched before (waits for it), then launch the queued steps as one graph.
+
+        The new chunk is checked at the next flush or :meth:`settle`, so the host queues the next chunk's
+        steps while the GPU runs this one.
+        """
+        self._verify(state, timers)
         n_steps = self.pending
         if n_steps == 0:
             return
-        start_step = state.step - n_steps
-        self._save()
+        with _phase(timers, "compute"):
+            self._launch(state, n_steps, energy_last)
+        self._unverified = (state.step - n_steps, n_steps, energy_last)
+        self.pending = 0
+        self.n_chunks += 1
+        if energy_last:
+            state.per_atom_energy, state.energy_step = (self.per_atom[0], self.per_atom[1]), state.step
+
+    def settle(self, state, timers=None) -> None:
+        """Run and verify every queued step: the state is then exact and current (one synchronisation)."""
+        self.flush(state, timers)
+        self._verify(state, timers)
+
+    def _verify(self, state, timers=None) -> None:
+        """Read the control words of the last launched chunk; after an overflow, grow and run it again."""
+        if self._unverified is None:
+            return
+        start_step, n_steps, energy_last = self._unverified
         while True:
-            with _phase(timers, "compute"):
-                self._launch(state, n_steps, energy_last)
-            control = self.control.get()   # the one synchronisation per chunk
+            control = self.control.get()   # waits for the chunk: the one synchronisation per chunk
             if control[_NEIGHBORS_NEEDED] <= self.neighbor_capacity and control[_CELL_NEEDED] <= self.cell_capacity:
                 break
             self.n_redone += 1
             self._grow(control)
             self._restore(start_step)
             self._build_from_reference(state)
-        self.pending = 0
-        self.n_chunks += 1
+            with _phase(timers, "compute"):
+                self._launch(state, n_steps, energy_last)
+        self._unverified = None
         state.n_builds = self.builds_base + int(control[_BUILDS])
         state.n_reallocations = self.reallocations
-        if energy_last:
-            state.per_atom_energy, state.energy_step = (self.per_atom[0], self.per_atom[1]), state.step
 
     def energy(self, state, forces) -> None:
         """Per-atom E_pair and W of the current positions (into ``state.per_atom_energy``); forces into
         ``forces`` (a scratch array: the state's forces may carry Langevin terms)."""
         from .forces import compute_forces_periodic
 
-        self.flush(state)
+        self.settle(state)
         compute_forces_periodic(state.positions, state.types, state.neighbor_list, state.pair_table, forces,
                                 self.box, per_atom=self.per_atom)
         state.per_atom_energy, state.energy_step = (self.per_atom[0], self.per_atom[1]), state.step
 
     def summary(self) -> dict:
-        return {"chunk": self.chunk, "chunks": self.n_chunks, "chunks_redone": self.n_redone,
+        return {"chunk": self.chunk, "chunks": self.n_chunks, "chunks_redone": self.n_redone, "lanes_per_atom": self.lanes,
                 "graphs_captured": self.n_captures, "cells": list(self.cells), "cell_capacity": self.cell_capacity}
 
     # -- kernels -----------------------------------------------------------------------------------
@@ -357,10 +396,11 @@ class ResidentSteps:
             (self.watch, self.cell_count, np.int32(self.n_cells), np.int32(self.cell_capacity), self.cell_atoms))
         inverse = tuple(self.real(1.0 / v) for v in self.box)
         _kernel("md_resident_neighbors", state.positions.dtype)(
-            (blocks_for(n),), (THREADS_PER_BLOCK,),
+            (blocks_for(n * self.lanes),), (THREADS_PER_BLOCK,),
             (self.reference, np.int32(n), *box, *inverse, *per_length, *shape, self.cell_count, self.cell_atoms,
              np.int32(self.cell_capacity), self.real(self.cutoff * self.cutoff), np.int32(self.neighbor_capacity),
-             self.neighbors, self.counts, self.watch, self.control, np.int32(count_build)))
+             self.neighbors, self.counts, self.watch, self.control, np.int32(count_build),
+             np.int32(self.lanes.bit_length() - 1)))
 
     def _record_step(self, state, energy: bool) -> None:
         """Queue one whole step (the chain in the module docstring)."""
@@ -392,6 +432,7 @@ class ResidentSteps:
             with on_stream(self._stream):
                 self._stream.begin_capture()
                 try:
+                    self._record_save()
                     for number in range(n_steps):
                         self._record_step(state, energy_last and number == n_steps - 1)
                 finally:
@@ -432,18 +473,10 @@ class ResidentSteps:
         self.reallocations += 1
         self._graphs.clear()
 
-    def _save(self) -> None:
-        """Copies of what a chunk changes, taken before it runs (device copies, no synchronisation)."""
-        previous = self._saved or {}
-        saved = {}
+    def _record_save(self) -> None:
+        """Queue copies of what a chunk changes into the snapshot buffers (the first nodes of each graph)."""
         for name, array in self._state_arrays().items():
-            buffer = previous.get(name)
-            if buffer is None or buffer.shape != array.shape:
-                buffer = array.copy()
-            else:
-                buffer[...] = array
-            saved[name] = buffer
-        self._saved = saved
+            self._saved[name].data.copy_from_device_async(array.data, array.nbytes)
 
     def _restore(self, start_step: int) -> None:
         for name, array in self._state_arrays().items():
