@@ -174,6 +174,11 @@ __global__ void md_resident_neighbors(const real* __restrict__ reference, int n,
                         dz -= box_z * rint(dz * inverse_z);
                         hit = j != i && dx * dx + dy * dy + dz * dz < cutoff_sq;
                     }
+                    if (lanes == 1) {   /* no ballot: single-lane masks would serialise a diverged warp */
+                        if (hit && count < capacity) neighbors[(long long)count * n + i] = j;
+                        count += hit;
+                        continue;
+                    }
                     const unsigned hits = (__ballot_sync(group, hit) & group) >> first_lane;
                     if (hit) {
                         const int position = count + __popc(hits & ((1u << lane) - 1u));
