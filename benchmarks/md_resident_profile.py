@@ -65,22 +65,22 @@ def profile(cells: int, steps: int, dtype) -> None:
              resident.cell_count, resident.cell_atoms, np.int32(resident.cell_capacity), resident.watch, resident.control))
         events[7].record()
         _kernel("md_resident_sort_cells")(
-            (blocks_for(resident.n_cells),), (THREADS_PER_BLOCK,),
+            (blocks_for(32 * resident.n_cells),), (THREADS_PER_BLOCK,),
             (resident.watch, resident.cell_count, np.int32(resident.n_cells), np.int32(resident.cell_capacity),
              resident.cell_atoms))
         events[6].record()
         inverse = tuple(resident.real(1.0 / v) for v in resident.box)
         _kernel("md_resident_neighbors", dtype)(
-            (blocks_for(n * resident.lanes),), (THREADS_PER_BLOCK,),
+            (blocks_for(n * resident.build_lanes),), (THREADS_PER_BLOCK,),
             (resident.reference, np.int32(n), *box_, *inverse, *per_length, *shape, resident.cell_count,
              resident.cell_atoms, np.int32(resident.cell_capacity), resident.real(resident.cutoff ** 2),
              np.int32(resident.neighbor_capacity), resident.neighbors, resident.counts, resident.watch,
-             resident.control, np.int32(1), np.int32(resident.lanes.bit_length() - 1)))
+             resident.control, np.int32(1), np.int32(resident.build_lanes.bit_length() - 1)))
         events[4].record()
         events[4].synchronize()
         rebuild_parts = [cupy.cuda.get_elapsed_time(events[a], events[b]) * 1e3 for a, b in ((3, 7), (7, 6), (6, 4))]
         compute_forces_periodic(state.positions, state.types, state.neighbor_list, state.pair_table, state.forces,
-                                resident.box)
+                                resident.box, lanes=resident.lanes)
         events[5].record()
         velocity_verlet_second_half(state.velocities, state.forces, state.masses, config.dt)
         events[6].record()

@@ -105,13 +105,15 @@ def _forces_gpu(positions, types, neighbor_list, pair_table, forces, compute_ene
 
 
 def compute_forces_periodic(positions, types, neighbor_list: NeighborList, pair_table, forces, box,
-                            per_atom=None) -> None:
+                            per_atom=None, lanes: int = 1) -> None:
     """GPU only: forces with minimum-image pair distances in a periodic ``box`` (no ghost atoms).
 
     The device-resident driver (:mod:`apps.md.resident`) keeps only owned atoms; the list holds owned
     indices and every pair distance is folded into ``[-L/2, L/2]`` per axis. Same pair math and float64
-    accumulation as :func:`compute_forces`; :func:`lanes_per_atom` threads share an atom's neighbours
-    (a fixed shuffle tree adds their sums: the same bits on every run).
+    accumulation as :func:`compute_forces`. ``lanes`` threads share an atom's neighbours (a fixed shuffle
+    tree adds their sums: the same bits on every run); with more than one lane the list is stored atom
+    by atom (entry k of atom i at flat index ``i * capacity + k``, the buffer keeping its
+    ``(capacity, n_local)`` shape) so that an atom's lanes read consecutive entries.
 
     Parameters
     ----------
@@ -136,7 +138,7 @@ def compute_forces_periodic(positions, types, neighbor_list: NeighborList, pair_
         check_array("per_atom", per_atom, shape=(2, n_local), dtypes=[np.float64], like=positions)
     if n_local > 0:
         _launch_gpu(positions, types, neighbor_list, pair_table, forces, per_atom, np.asarray(box, np.float64),
-                    lanes=lanes_per_atom(n_local))
+                    lanes=lanes, atom_major=lanes > 1)
 
 
 def lanes_per_atom(n_atoms: int) -> int:
@@ -149,9 +151,10 @@ def lanes_per_atom(n_atoms: int) -> int:
     return lanes
 
 
-def _launch_gpu(positions, types, neighbor_list, pair_table, forces, per_atom, box, lanes=1):
+def _launch_gpu(positions, types, neighbor_list, pair_table, forces, per_atom, box, lanes=1, atom_major=False):
     """One launch of ``md_lj_forces``; ``box`` None = distances as stored (ghosts), else minimum image;
-    ``lanes`` threads per atom (a power of two up to 32)."""
+    ``lanes`` threads per atom (a power of two up to 32); ``atom_major``: the list's storage is
+    (n_local, capacity) in memory (see :func:`compute_forces_periodic`)."""
     n_local = neighbor_list.n_local
     real = positions.dtype.type
     real_name = "float" if positions.dtype == np.float32 else "double"
@@ -163,7 +166,7 @@ def _launch_gpu(positions, types, neighbor_list, pair_table, forces, per_atom, b
             np.int32(neighbor_list.capacity), pair_table, np.int32(pair_table.shape[0]), forces,
             np.int32(per_atom is not None), np.uint64(0) if per_atom is None else per_atom,
             np.int32(periodic), *(real(v) for v in box), *(real(1.0 / v) for v in box),
-            np.int32(int(lanes).bit_length() - 1)))
+            np.int32(int(lanes).bit_length() - 1), np.int32(bool(atom_major))))
 
 
 def _per_atom_cpu(positions, types, neighbor_list, pair_table, forces):
@@ -223,9 +226,11 @@ __global__ void md_lj_forces(const real* __restrict__ positions, const int* __re
                              int n_local, int capacity, const real* __restrict__ table, int n_types,
                              real* __restrict__ forces, int compute_energy, double* __restrict__ per_atom,
                              int minimum_image, real box_x, real box_y, real box_z,
-                             real inverse_x, real inverse_y, real inverse_z, int lane_bits) {
+                             real inverse_x, real inverse_y, real inverse_z, int lane_bits, int atom_major) {
     /* 2**lane_bits consecutive threads of one warp share atom i: lane l takes neighbours l, l + lanes, ...
-       and the lanes' sums are combined by a fixed shuffle tree. One lane (lane_bits 0) is the plain loop. */
+       and the lanes' sums are combined by a fixed shuffle tree. One lane (lane_bits 0) is the plain loop.
+       atom_major: entry k of atom i at [i * capacity + k] (consecutive lanes read consecutive entries),
+       else at [k * n_local + i] (consecutive atoms, one lane each, read consecutive entries). */
     const int thread = blockDim.x * blockIdx.x + threadIdx.x;
     const int lanes = 1 << lane_bits;
     const int i = thread >> lane_bits;
@@ -238,7 +243,7 @@ __global__ void md_lj_forces(const real* __restrict__ positions, const int* __re
     double energy = 0.0, virial = 0.0;
     const int count = min(counts[i], capacity);
     for (int k = lane; k < count; k += lanes) {
-        const int j = neighbors[(long long)k * n_local + i];   /* coalesced across the warp */
+        const int j = neighbors[atom_major ? (long long)i * capacity + k : (long long)k * n_local + i];
         real dx = xi - positions[3 * j];
         real dy = yi - positions[3 * j + 1];
         real dz = zi - positions[3 * j + 2];

@@ -110,26 +110,47 @@ __global__ void md_resident_bin(real* __restrict__ positions, int* __restrict__ 
 }
 
 /* [flag] Ascending atom index inside every cell: the list order, hence the forces' summation order,
-   does not depend on the order of the atomics above. One thread per cell, insertion sort. */
+   does not depend on the order of the atomics above. One warp per cell: each lane ranks the entries it
+   holds against all of the cell's entries (indices are distinct), then writes them at their ranks. */
+#define SORT_PER_LANE 8
 extern "C" __global__ void md_resident_sort_cells(const int* __restrict__ watch, const int* __restrict__ cell_count,
                                                   int n_cells, int cell_capacity, int* __restrict__ cell_atoms) {
     if (watch[0] == NOT_EXCEEDED) return;
-    const int c = blockDim.x * blockIdx.x + threadIdx.x;
-    if (c >= n_cells) return;
+    const int c = (blockDim.x * blockIdx.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (c >= n_cells) return;   /* the same for the whole warp */
     int* slots = cell_atoms + (long long)c * cell_capacity;
     const int m = min(cell_count[c], cell_capacity);
-    for (int k = 1; k < m; ++k) {
-        const int value = slots[k];
-        int q = k - 1;
-        while (q >= 0 && slots[q] > value) { slots[q + 1] = slots[q]; --q; }
-        slots[q + 1] = value;
+    if (m > 32 * SORT_PER_LANE) {   /* a grown, crowded cell: insertion sort by one lane */
+        if (lane == 0)
+            for (int k = 1; k < m; ++k) {
+                const int value = slots[k];
+                int q = k - 1;
+                while (q >= 0 && slots[q] > value) { slots[q + 1] = slots[q]; --q; }
+                slots[q + 1] = value;
+            }
+        return;
     }
+    int value[SORT_PER_LANE], rank[SORT_PER_LANE];
+    for (int v = 0; v < SORT_PER_LANE; ++v) {
+        const int k = lane + 32 * v;
+        value[v] = k < m ? slots[k] : 0;
+        rank[v] = 0;
+    }
+    for (int t = 0; t < m; ++t) {
+        const int other = slots[t];   /* the same address in every lane: one broadcast load */
+        for (int v = 0; v < SORT_PER_LANE; ++v) rank[v] += other < value[v];
+    }
+    __syncwarp();   /* every lane has read every entry before any is overwritten */
+    for (int v = 0; v < SORT_PER_LANE; ++v)
+        if (lane + 32 * v < m) slots[rank[v]] = value[v];
 }
 
 /* [flag] Full neighbour list from the reference (build-time) positions, 27 periodic neighbour cells,
    minimum-image distances. 2**lane_bits consecutive threads of a warp share atom i: they test a cell's
    slots side by side and append the hits with a ballot, in slot order, so the list is the one a single
-   thread would write. Counts past the capacity are recorded (control[1]) but not stored. */
+   thread would write. Storage: one lane k-major ([k * n + i]), several lanes atom-major ([i * capacity + k]),
+   as the force kernel reads it. Counts past the capacity are recorded (control[1]) but not stored. */
 template <typename real>
 __global__ void md_resident_neighbors(const real* __restrict__ reference, int n, real box_x, real box_y, real box_z,
                                       real inverse_x, real inverse_y, real inverse_z,
@@ -175,14 +196,14 @@ __global__ void md_resident_neighbors(const real* __restrict__ reference, int n,
                         hit = j != i && dx * dx + dy * dy + dz * dz < cutoff_sq;
                     }
                     if (lanes == 1) {   /* no ballot: single-lane masks would serialise a diverged warp */
-                        if (hit && count < capacity) neighbors[(long long)count * n + i] = j;
+                        if (hit && count < capacity) neighbors[(long long)count * n + i] = j;   /* k-major */
                         count += hit;
                         continue;
                     }
                     const unsigned hits = (__ballot_sync(group, hit) & group) >> first_lane;
                     if (hit) {
                         const int position = count + __popc(hits & ((1u << lane) - 1u));
-                        if (position < capacity) neighbors[(long long)position * n + i] = j;
+                        if (position < capacity) neighbors[(long long)i * capacity + position] = j;   /* atom-major */
                     }
                     count += __popc(hits);
                 }
@@ -291,7 +312,10 @@ class ResidentSteps:
         self.control = cupy.zeros(3, dtype=cupy.int32)
         self.counter = cupy.full(1, state.step, dtype=cupy.int64)
         self.per_atom = cupy.zeros((2, n), dtype=cupy.float64)
-        self.lanes = lanes_per_atom(n)   # threads per atom in the neighbour build (and the force kernel)
+        # Threads per atom: the force kernel's share an atom's neighbours; the build uses a whole warp per
+        # atom then (no diverging groups inside a warp), one thread per atom for large systems.
+        self.lanes = lanes_per_atom(n)
+        self.build_lanes = 32 if self.lanes > 1 else 1
         self.builds_base = int(state.n_builds)
         self.reallocations = 0
         self.pending = 0
@@ -303,6 +327,10 @@ class ResidentSteps:
         self._stream = cupy.cuda.Stream(non_blocking=True)
         self._load_kernels(dtype)
         self._build_from_reference(state)
+        # Capture the usual chunks now (setup), not in the first steps: a capture costs milliseconds of
+        # Python while the GPU waits.
+        for energy_last in (False, True):
+            self._graph(state, self.chunk, energy_last)
 
     # -- the host-side step ----------------------------------------------------------------------
     def step(self, state, compute_energy: bool, timers) -> None:
@@ -361,7 +389,7 @@ class ResidentSteps:
 
         self.settle(state)
         compute_forces_periodic(state.positions, state.types, state.neighbor_list, state.pair_table, forces,
-                                self.box, per_atom=self.per_atom)
+                                self.box, per_atom=self.per_atom, lanes=self.lanes)
         state.per_atom_energy, state.energy_step = (self.per_atom[0], self.per_atom[1]), state.step
 
     def summary(self) -> dict:
@@ -397,15 +425,15 @@ class ResidentSteps:
             (state.positions, state.images, self.reference, np.int32(n), np.int32(wrap), *box, *per_length, *shape,
              self.cell_count, self.cell_atoms, np.int32(self.cell_capacity), self.watch, self.control))
         _kernel("md_resident_sort_cells")(
-            (blocks_for(self.n_cells),), (THREADS_PER_BLOCK,),
+            (blocks_for(32 * self.n_cells),), (THREADS_PER_BLOCK,),
             (self.watch, self.cell_count, np.int32(self.n_cells), np.int32(self.cell_capacity), self.cell_atoms))
         inverse = tuple(self.real(1.0 / v) for v in self.box)
         _kernel("md_resident_neighbors", state.positions.dtype)(
-            (blocks_for(n * self.lanes),), (THREADS_PER_BLOCK,),
+            (blocks_for(n * self.build_lanes),), (THREADS_PER_BLOCK,),
             (self.reference, np.int32(n), *box, *inverse, *per_length, *shape, self.cell_count, self.cell_atoms,
              np.int32(self.cell_capacity), self.real(self.cutoff * self.cutoff), np.int32(self.neighbor_capacity),
              self.neighbors, self.counts, self.watch, self.control, np.int32(count_build),
-             np.int32(self.lanes.bit_length() - 1)))
+             np.int32(self.build_lanes.bit_length() - 1)))
 
     def _record_step(self, state, energy: bool) -> None:
         """Queue one whole step (the chain in the module docstring)."""
@@ -420,14 +448,18 @@ class ResidentSteps:
                              (0.5 * config.skin) ** 2, 0, self.watch, step_counter=self.counter)
         self._rebuild_if_flagged(state, wrap=True, count_build=True)
         compute_forces_periodic(state.positions, state.types, state.neighbor_list, state.pair_table, state.forces,
-                                self.box, per_atom=self.per_atom if energy else None)
+                                self.box, per_atom=self.per_atom if energy else None, lanes=self.lanes)
         if config.thermostat == "langevin":
             langevin_forces(state.forces, state.velocities, state.masses, state.atom_ids, config.temperature,
                             config.damping, config.dt, config.seed, 0, step_counter=self.counter)
         velocity_verlet_second_half(state.velocities, state.forces, state.masses, config.dt)
 
     def _launch(self, state, n_steps: int, energy_last: bool) -> None:
-        """Run ``n_steps`` steps (energy on the last one if asked) as one graph, captured on first use."""
+        """Run ``n_steps`` steps (energy on the last one if asked) as one graph."""
+        self._graph(state, n_steps, energy_last).launch()
+
+    def _graph(self, state, n_steps: int, energy_last: bool):
+        """The graph of ``n_steps`` steps (energy on the last one if asked), captured on first use."""
         key = (n_steps, bool(energy_last))
         graph = self._graphs.get(key)
         if graph is None:
@@ -442,9 +474,12 @@ class ResidentSteps:
                         self._record_step(state, energy_last and number == n_steps - 1)
                 finally:
                     graph = self._stream.end_capture()
+            upload = getattr(graph, "upload", None)
+            if upload is not None:
+                upload()   # device-side setup now, not inside the first launch
             self._graphs[key] = graph
             self.n_captures += 1
-        graph.launch()
+        return graph
 
     # -- builds, overflow and redo -----------------------------------------------------------------
     def _build_from_reference(self, state) -> None:

@@ -201,6 +201,7 @@ __global__ void md_first_half_watch(real* __restrict__ positions, real* __restri
     const int i = blockDim.x * blockIdx.x + threadIdx.x;
     if (step_counter != nullptr) step = (int)step_counter[0];   /* graph replays: the step lives on the device */
     float largest = 0.0f;
+    bool exceeded = false;
     if (i < n_local) {
         const real half_dt_over_m = real(0.5) * dt / masses[i];
         for (int axis = 0; axis < 3; ++axis) {
@@ -213,13 +214,30 @@ __global__ void md_first_half_watch(real* __restrict__ positions, real* __restri
         double dy = (double)positions[3 * i + 1] - reference[3 * i + 1];
         double dz = (double)positions[3 * i + 2] - reference[3 * i + 2];
         const double d2 = dx * dx + dy * dy + dz * dz;
-        if (d2 > threshold_sq) atomicMin(watch, step);
+        exceeded = d2 > threshold_sq;
         largest = (float)d2;
     }
+    /* One atomic of each kind per block (not per atom or warp): at millions of atoms, per-warp atomics
+       on one address queue up for longer than the kick itself takes. Max and min are exact, so the
+       result does not depend on how the reduction is split. */
     for (int offset = 16; offset > 0; offset >>= 1)
         largest = fmaxf(largest, __shfl_down_sync(0xffffffff, largest, offset));
-    /* Non-negative floats order like their bit patterns: an integer atomicMax is a float max. */
-    if ((threadIdx.x & 31) == 0 && largest > 0.0f) atomicMax(watch + 1, __float_as_int(largest));
+    exceeded = __any_sync(0xffffffff, exceeded);
+    __shared__ float warp_largest[32];
+    __shared__ int block_exceeded;
+    if (threadIdx.x == 0) block_exceeded = 0;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) {
+        warp_largest[threadIdx.x >> 5] = largest;
+        if (exceeded) block_exceeded = 1;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (blockDim.x + 31) >> 5; ++w) largest = fmaxf(largest, warp_largest[w]);
+        /* Non-negative floats order like their bit patterns: an integer atomicMax is a float max. */
+        if (largest > 0.0f) atomicMax(watch + 1, __float_as_int(largest));
+        if (block_exceeded) atomicMin(watch, step);
+    }
 }
 """
 
