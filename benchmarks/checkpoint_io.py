@@ -2,22 +2,50 @@
 slowdown that an asynchronous checkpoint inflicts on the stepping thread.
 
     mpiexec -n 4 python benchmarks/checkpoint_io.py --mib-per-rank 256 --dir /scratch/$USER/bench
-    python benchmarks/checkpoint_io.py --mib-per-rank 1024 --json checkpoint_io.json
+    python benchmarks/checkpoint_io.py --mib-per-rank 512 --repeats 7 --phases --dir /work/ckbench
+    python benchmarks/checkpoint_io.py --mib-per-rank 1024 --json checkpoint_io.json --async
     python benchmarks/checkpoint_io.py --skip-throughput --overhead 1024:0 --overhead 1.5:100
 
-*Throughput* (skipped with ``--skip-throughput``). For each repeat, every rank:
+*Throughput* (skipped with ``--skip-throughput``). Two timed operations, on every rank at once:
 
-1. *plain*: writes ``--mib-per-rank`` MiB to its own file in 16 MiB ``os.write`` calls, then fsync
-   (the best a program can do on this disk with this many writers);
-2. *checkpoint*: ``CheckpointManager.save`` of a float64 field with that many MiB per rank (a
-   strided interior view, as in every app: tiles, CRC32, rank file, master file with Virtual
-   Datasets, fsync, agreement, rename);
-3. *restart*: ``CheckpointManager.load`` of that checkpoint into a fresh field (reads and verifies
-   every byte).
+* *plain*: write ``--mib-per-rank`` MiB to the rank's own new file in 16 MiB ``os.write`` calls,
+  then ``fsync`` (the best a program can do on this disk with this many writers);
+* *checkpoint*: ``CheckpointManager.save`` of a float64 field with that many MiB per rank (a
+  strided interior view, as in every app: tiles, CRC32, rank file, master file with Virtual
+  Datasets, fsync, agreement, rename, pruning of the previous checkpoint). One manager for the
+  whole run (``keep=1``), as an app holds one.
 
-Times are the slowest rank's (barrier before and after). The table reports GB/s and the
-checkpoint/plain ratio of the best repeat of each; the issue's target is a ratio >= 0.70. ``--async``
-also reports how long an asynchronous save blocks the caller.
+Method, so that both are measured under the same conditions:
+
+1. *Warm-up*: one plain write and one save, untimed in the table (reported as ``warm-up``): they
+   carry one-time costs (importing h5py, first-touching the pack buffers, a cold page cache).
+2. ``--repeats`` rounds (at least 5 recommended); the order alternates (plain first in even rounds,
+   checkpoint first in odd ones), so drifts of the disk hit both alike.
+3. Before *each* timed operation: background work of earlier ones is finished (pruned checkpoints
+   deleted), the page cache of every file in ``--dir`` is dropped (``posix_fadvise(DONTNEED)`` after
+   they were fsync'd; as root also ``/proc/sys/vm/drop_caches``, unless ``--no-drop-caches``), the
+   file system is synced and left idle for ``--settle`` seconds (discards of removed files), and
+   (unless ``--cold-page-cache``) as much page cache as the write needs is filled by a scratch file
+   that is removed without being written to the disk. The last step matters on virtual machines
+   (the development VM's host reclaims free guest memory): there page-cache memory that was not
+   in use for a few seconds is slow to take again, and a buffered write of 512 MiB measured
+   0.36-0.5 GB/s instead of 1.8-2.2 GB/s right after such a warm-up, whatever else was done
+   before (touching anonymous memory does not help). Warming gives *both* writes warm pages: the
+   best case for the plain write, which needs page cache for every byte (a save needs only its
+   write-behind window).
+4. Every timed write ends with ``fsync``; times are the slowest rank's (barrier before and after).
+5. *Restart*: ``CheckpointManager.load`` of the newest checkpoint into a fresh field (reads and
+   verifies every byte), from a dropped page cache, after each round.
+
+Reported: GB/s of each round; the median and the best of plain, checkpoint and restart. The
+headline is the *ratio of the medians*, checkpoint / plain (the issue's target: >= 0.70); the ratio
+of the bests is shown next to it. ``--phases`` adds an instrumented save after the rounds (not
+timed in the table) with the time of each phase: snapshot, rank-file layout (h5py), packing,
+CRC32, ``pwrite``, waiting for the disk (write-behind), fsyncs, master file, publish (rename,
+pruning) and agreement, and the split of the plain write into ``write`` and ``fsync``. Pack and
+CRC run on the saving thread while ``pwrite`` and the write-behind wait run on a second one, so
+the phases overlap and do not add up to the save time. ``--async`` also reports how long an
+asynchronous save blocks the caller and how long its write takes.
 
 *Overhead* (``--overhead MIB:EVERY``, repeatable). A Python-bound loop stands in for an app that
 launches GPU kernels from Python: every iteration runs ``--loop-ops`` small array operations (NumPy
@@ -45,6 +73,7 @@ import os
 import shutil
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -64,16 +93,135 @@ def timed(comm, fn):
     return comm.allreduce(time.perf_counter() - started, op="max"), result
 
 
-def plain_write(path: Path, n_bytes: int) -> None:
+def plain_write(path: Path, n_bytes: int, phases: dict | None = None) -> None:
     block = np.random.default_rng(0).integers(0, 255, size=CHUNK, dtype=np.uint8).tobytes()
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        started = time.perf_counter()
+        left = n_bytes
+        while left > 0:
+            left -= os.write(descriptor, block[:min(CHUNK, left)])
+        written = time.perf_counter()
+        os.fsync(descriptor)
+        if phases is not None:
+            phases.update(write=written - started, fsync=time.perf_counter() - written)
+    finally:
+        os.close(descriptor)
+
+
+def drop_file_cache(directory: Path) -> None:
+    """Drop the cached pages of every file under ``directory`` (they are fsync'd: the pages are clean)."""
+    for path in directory.rglob("*"):
+        try:
+            if path.is_file():
+                descriptor = os.open(path, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(descriptor)
+        except OSError:
+            pass  # removed meanwhile (pruning), or not ours
+
+
+def drop_all_caches() -> bool:
+    """``sync; echo 1 > /proc/sys/vm/drop_caches`` where allowed (root); False elsewhere."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as handle:
+            handle.write("1\n")
+        return True
+    except OSError:
+        return False
+
+
+def warm_page_cache(directory: Path, n_bytes: int) -> None:
+    """Fill ``n_bytes`` of page cache with a scratch file that is removed unwritten (no fsync: its dirty
+    pages are discarded), so the next write gets page-cache memory that was in use a moment ago (see
+    the module docstring: on the development VM, page-cache memory idle for seconds is slow to reuse)."""
+    path = directory / f"warm-page-cache_{os.getpid()}.tmp"
+    block = np.ones(CHUNK, dtype=np.uint8)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         left = n_bytes
         while left > 0:
             left -= os.write(descriptor, block[:min(CHUNK, left)])
-        os.fsync(descriptor)
     finally:
         os.close(descriptor)
+        os.remove(path)
+
+
+def prepare(comm, directory: Path, n_bytes: int, options) -> None:
+    """Same starting conditions for every timed write (see the module docstring)."""
+    try:
+        from hpcgpu.checkpoint.filesystem import wait_for_removals
+        wait_for_removals()
+    except ImportError:  # an older checkpoint package (comparisons with earlier commits)
+        pass
+    comm.barrier()
+    drop_file_cache(directory)
+    if options.drop_caches and comm.rank == 0:
+        drop_all_caches()
+    os.sync()  # commit the file system's journal: the unlinks (and their discards) of earlier writes
+    # Let the disk finish what earlier writes left behind (discards of removed files, the host's
+    # own write-back on a virtual machine) before the page cache is warmed (warmth fades in ~1 s).
+    time.sleep(options.settle)
+    comm.barrier()
+    if not options.cold_page_cache:
+        warm_page_cache(directory, n_bytes + 64 * 2**20)
+    comm.barrier()
+
+
+class Phases:
+    """Wall time spent in named functions during a save (monkeypatched timers, summed over calls and threads)."""
+
+    def __init__(self):
+        self.seconds, self._patched = {}, []
+
+    def wrap(self, owner, attribute: str, name: str) -> None:
+        original = getattr(owner, attribute, None)
+        if original is None:
+            return
+        lock = threading.Lock()
+
+        def timed_call(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                with lock:
+                    self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+
+        self._patched.append((owner, attribute, original))
+        setattr(owner, attribute, timed_call)
+
+    def __enter__(self):
+        from hpcgpu.checkpoint import bulk, filesystem, manager, writer
+
+        self.wrap(manager, "take_snapshot", "snapshot")
+        self.wrap(writer, "lay_out_rank_file", "layout (h5py)")
+        self.wrap(np, "copyto", "pack")
+        self.wrap(bulk, "_checksum_tiles", "crc32")
+        self.wrap(bulk, "pwrite_all", "pwrite")
+        if hasattr(filesystem, "WriteBehind"):
+            self.wrap(filesystem.WriteBehind, "_retire", "wait for disk")
+        self.wrap(os, "fsync", "fsync (all files)")
+        self.wrap(manager, "write_master_file", "master file")
+        self.wrap(manager, "publish_checkpoint", "publish")
+        self.wrap(manager.CheckpointManager, "_write_files", "write files (total)")
+        return self
+
+    def __exit__(self, *exc):
+        for owner, attribute, original in reversed(self._patched):
+            setattr(owner, attribute, original)
+
+
+def timed_save(comm, manager, step, field):
+    seconds, _ = timed(comm, lambda: manager.save(step, fields={"h": field}, replicated={"repeat": step}))
+    return seconds
+
+
+def summary(values, reduce):
+    return {"median": statistics.median(values), "best": reduce(values)}
 
 
 def make_fields(comm, arch, mib_per_rank: float, n_fields: int, names="huvwxyz"):
@@ -99,45 +247,108 @@ def throughput(comm, arch, options, directory: Path) -> dict:
     field = fields["h"]
     n_bytes = int(np.prod(grid.local_shape)) * 8
     total_bytes = comm.allreduce(n_bytes, op="sum")
+    plain_path = directory / f"plain_{comm.rank:05d}.bin"
+    manager = CheckpointManager(comm, directory / "ckpt", app="benchmarks.checkpoint_io", keep=1)
+    step = 0
+
+    def plain():
+        prepare(comm, directory, n_bytes, options)
+        seconds, _ = timed(comm, lambda: plain_write(plain_path, n_bytes))
+        drop_file_cache(directory)
+        os.remove(plain_path)
+        return seconds
+
+    def checkpoint():
+        nonlocal step
+        step += 1
+        prepare(comm, directory, n_bytes, options)
+        return timed_save(comm, manager, step, field)
+
+    def restart():
+        prepare(comm, directory, n_bytes, options)
+        restored = hpcgpu.Field(grid, arch, halo_width=1, name="h")
+        seconds, _ = timed(comm, lambda: manager.load("latest", fields={"h": restored}))
+        assert bool((restored.interior == field.interior).all())
+        return seconds
+
+    warmup = {"plain_seconds": plain(), "save_seconds": checkpoint()}
     records = []
     for repeat in range(options.repeats):
-        plain_seconds, _ = timed(comm, lambda: plain_write(directory / f"plain_{comm.rank:05d}.bin", n_bytes))
-        manager = CheckpointManager(comm, directory / "ckpt", app="benchmarks.checkpoint_io", keep=1)
-        save_seconds, _ = timed(comm, lambda: manager.save(repeat, fields={"h": field}, replicated={"repeat": repeat}))
-        restored = hpcgpu.Field(grid, arch, halo_width=1, name="h")
-        load_seconds, _ = timed(comm, lambda: manager.load("latest", fields={"h": restored}))
-        assert bool((restored.interior == field.interior).all())
-        record = {"repeat": repeat, "plain_seconds": plain_seconds, "save_seconds": save_seconds,
-                  "load_seconds": load_seconds, "plain_gbps": total_bytes / plain_seconds / 1e9,
-                  "save_gbps": total_bytes / save_seconds / 1e9, "load_gbps": total_bytes / load_seconds / 1e9}
+        record = {"repeat": repeat, "order": "plain first" if repeat % 2 == 0 else "checkpoint first"}
+        if repeat % 2 == 0:
+            record["plain_seconds"], record["save_seconds"] = plain(), checkpoint()
+        else:
+            record["save_seconds"], record["plain_seconds"] = checkpoint(), plain()
+        record["load_seconds"] = restart()
+        for kind in ("plain", "save", "load"):
+            record[f"{kind}_gbps"] = total_bytes / record[f"{kind}_seconds"] / 1e9
         record["ratio"] = record["save_gbps"] / record["plain_gbps"]
         if options.asynchronous:
             background = CheckpointManager(comm, directory / "ckpt-async", app="benchmarks.checkpoint_io", keep=1,
                                            asynchronous=True)
+            prepare(comm, directory, n_bytes, options)
             blocked, _ = timed(comm, lambda: background.save(repeat, fields={"h": field}))
             total, _ = timed(comm, background.wait)
             record.update(async_blocking_seconds=blocked, async_total_seconds=blocked + total)
             background.close()
         records.append(record)
-        os.remove(directory / f"plain_{comm.rank:05d}.bin")
-    comm.barrier()
-    best = {key: (max if key.endswith("gbps") or key == "ratio" else min)(r[key] for r in records)
-            for key in records[0] if key != "repeat"}
-    # Disks are noisy: compare the best of each (a ratio of single repeats mixes good and bad moments).
-    best["ratio"] = best["save_gbps"] / best["plain_gbps"]
+    stats = {kind: summary([r[f"{kind}_gbps"] for r in records], max) for kind in ("plain", "save", "load")}
+    stats["load_seconds"] = summary([r["load_seconds"] for r in records], min)
+    headline = stats["save"]["median"] / stats["plain"]["median"]
+    best_ratio = stats["save"]["best"] / stats["plain"]["best"]
+    phases = measure_phases(comm, manager, field, directory, n_bytes, options, step + 1) if options.phases else None
+    manager.close()
     if comm.rank == 0:
         print(f"throughput: {comm.size} ranks, {n_bytes / 2**20:.0f} MiB per rank, {total_bytes / 1e9:.2f} GB "
-              f"in total, directory {directory.resolve()}")
-        print(f"{'repeat':>6} {'plain GB/s':>11} {'save GB/s':>10} {'ratio':>6} {'restart s':>10} {'load GB/s':>10}")
+              f"in total, directory {directory.resolve()}, page cache dropped before each write"
+              f"{' (+ drop_caches)' if options.drop_caches else ''}, page cache "
+              f"{'cold' if options.cold_page_cache else 'warmed'}")
+        print(f"warm-up (untimed in the table): plain {total_bytes / warmup['plain_seconds'] / 1e9:.3f} GB/s, "
+              f"checkpoint {total_bytes / warmup['save_seconds'] / 1e9:.3f} GB/s")
+        print(f"{'repeat':>6} {'order':>17} {'plain GB/s':>11} {'save GB/s':>10} {'ratio':>6} {'restart s':>10} "
+              f"{'load GB/s':>10}")
         for r in records:
-            print(f"{r['repeat']:>6} {r['plain_gbps']:>11.3f} {r['save_gbps']:>10.3f} {r['ratio']:>6.2f} "
-                  f"{r['load_seconds']:>10.3f} {r['load_gbps']:>10.3f}")
-        print(f"{'best':>6} {best['plain_gbps']:>11.3f} {best['save_gbps']:>10.3f} {best['ratio']:>6.2f} "
-              f"{best['load_seconds']:>10.3f} {best['load_gbps']:>10.3f}   (target ratio >= 0.70)")
+            print(f"{r['repeat']:>6} {r['order']:>17} {r['plain_gbps']:>11.3f} {r['save_gbps']:>10.3f} "
+                  f"{r['ratio']:>6.2f} {r['load_seconds']:>10.3f} {r['load_gbps']:>10.3f}")
+        for which, ratio in (("median", headline), ("best", best_ratio)):
+            print(f"{which:>6} {'':>17} {stats['plain'][which]:>11.3f} {stats['save'][which]:>10.3f} {ratio:>6.2f} "
+                  f"{stats['load_seconds'][which]:>10.3f} {stats['load'][which]:>10.3f}")
+        print(f"checkpoint / plain, ratio of the medians: {headline:.2f} (target >= 0.70; ratio of the bests "
+              f"{best_ratio:.2f}; per-round ratios {min(r['ratio'] for r in records):.2f}-"
+              f"{max(r['ratio'] for r in records):.2f})")
         if options.asynchronous:
-            print(f"asynchronous save blocks for {best['async_blocking_seconds']:.3f} s of "
-                  f"{best['async_total_seconds']:.3f} s")
-    return {"bytes_per_rank": n_bytes, "total_bytes": total_bytes, "records": records, "best": best}
+            blocked = statistics.median(r["async_blocking_seconds"] for r in records)
+            total = statistics.median(r["async_total_seconds"] for r in records)
+            print(f"asynchronous save blocks for {blocked:.3f} s of {total:.3f} s (medians)")
+        if phases:
+            print_phases(phases, total_bytes)
+    return {"bytes_per_rank": n_bytes, "total_bytes": total_bytes, "warmup": warmup, "records": records,
+            "median": {kind: stats[kind]["median"] for kind in stats}, "best": {kind: stats[kind]["best"] for kind in stats},
+            "ratio_of_medians": headline, "ratio_of_bests": best_ratio, "phases": phases,
+            "method": {"drop_caches": options.drop_caches, "cold_page_cache": options.cold_page_cache, "alternating": True}}
+
+
+def measure_phases(comm, manager, field, directory: Path, n_bytes: int, options, step: int) -> dict:
+    """One more plain write and one more save, instrumented (rank 0's view; see the module docstring)."""
+    plain_phases = {}
+    prepare(comm, directory, n_bytes, options)
+    plain_seconds, _ = timed(comm, lambda: plain_write(directory / f"plain_{comm.rank:05d}.bin", n_bytes,
+                                                       plain_phases))
+    drop_file_cache(directory)
+    os.remove(directory / f"plain_{comm.rank:05d}.bin")
+    prepare(comm, directory, n_bytes, options)
+    with Phases() as phases:
+        save_seconds = timed_save(comm, manager, step, field)
+    return {"plain_seconds": plain_seconds, "plain": plain_phases, "save_seconds": save_seconds,
+            "save": dict(phases.seconds)}
+
+
+def print_phases(phases: dict, total_bytes: int) -> None:
+    print("phases (rank 0; one more instrumented plain write and save; threads overlap):")
+    print(f"  plain {phases['plain_seconds']:.3f} s ({total_bytes / phases['plain_seconds'] / 1e9:.3f} GB/s): "
+          + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in phases["plain"].items()))
+    print(f"  save  {phases['save_seconds']:.3f} s ({total_bytes / phases['save_seconds'] / 1e9:.3f} GB/s): "
+          + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in phases["save"].items()))
 
 
 # ---------------------------------------------------------------------- overhead
@@ -240,7 +451,14 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mib-per-rank", type=int, default=64, help="throughput: MiB written per rank [64]")
-    parser.add_argument("--repeats", type=int, default=3, help="throughput repeats [3]")
+    parser.add_argument("--repeats", type=int, default=5, help="throughput rounds, after one warm-up [5]")
+    parser.add_argument("--phases", action="store_true", help="throughput: also time the phases of one save")
+    parser.add_argument("--no-drop-caches", dest="drop_caches", action="store_false",
+                        help="throughput: never write /proc/sys/vm/drop_caches (done as root by default)")
+    parser.add_argument("--settle", type=float, default=1.0,
+                        help="throughput: seconds of idle disk before each timed write [1.0]")
+    parser.add_argument("--cold-page-cache", action="store_true",
+                        help="throughput: do not warm the page cache before each write (see the docstring)")
     parser.add_argument("--dir", default="checkpoint-bench", help="where files go (removed at the end)")
     parser.add_argument("--json", default=None, help="write the results as JSON here")
     parser.add_argument("--async", dest="asynchronous", action="store_true", help="also time asynchronous saves")
@@ -255,6 +473,8 @@ def main(argv=None) -> int:
     parser.add_argument("--overhead-repeats", type=int, default=3, help="overhead: repeats, median reported [3]")
     options = parser.parse_args(argv)
 
+    # Only root may drop the whole page cache; elsewhere posix_fadvise on our own files has to do.
+    options.drop_caches = options.drop_caches and os.access("/proc/sys/vm/drop_caches", os.W_OK)
     comm = hpcgpu.Communicator()
     arch = hpcgpu.arch.auto(comm, backend=options.backend)
     directory = Path(options.dir)

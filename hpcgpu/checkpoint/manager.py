@@ -318,7 +318,9 @@ class CheckpointManager:
         fault_point("before-rename", 0)
         helper = self._layout_process if self.asynchronous else None
         if helper is None or not helper.publish_checkpoint(job.temporary, job.final, self.keep):
-            publish_checkpoint(job.temporary, job.final, self.keep)
+            # A synchronous save returns once its checkpoint is durable; the old checkpoints it
+            # replaces are renamed away now and unlinked in the background (~0.1 s per 512 MiB).
+            publish_checkpoint(job.temporary, job.final, self.keep, defer_removal=not self.asynchronous)
 
     def _info_of(self, job: _WriteJob) -> CheckpointInfo:
         return CheckpointInfo(path=job.final, step=int(layout.step_of(job.final.name)), app=self.app,

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from hpcgpu.checkpoint import bulk, layout
-from hpcgpu.checkpoint.filesystem import fault_point, fsync_path
+from hpcgpu.checkpoint.filesystem import WriteBehind, fault_point, fsync_path
 from hpcgpu.checkpoint.integrity import crc32, iter_tiles, tile_slices
 from hpcgpu.checkpoint.replicated import replicated_digests, write_replicated
 
@@ -212,17 +212,24 @@ def lay_out_rank_file(path, attributes: dict, specs: list, compression=None, arr
 
 
 def fill_rank_file(path, arrays: list, placements: list, rank: int, scratch: bulk.Scratch) -> None:
-    """``os.pwrite`` the arrays' bytes and tile CRCs into the offsets of :func:`lay_out_rank_file`; fsync."""
+    """``os.pwrite`` the arrays' bytes and tile CRCs into the offsets of :func:`lay_out_rank_file`; fsync.
+
+    The bulk bytes go to the disk while they are written (:class:`~hpcgpu.checkpoint.filesystem.WriteBehind`),
+    so the one ``fsync`` at the end has little left to write; the file's pages are dropped after it.
+    """
     raw = [(array, *placed) for array, placed in zip(arrays, placements) if placed is not None]
     if raw:
         descriptor = os.open(path, os.O_WRONLY)
         try:
+            write_behind = WriteBehind(descriptor)
             for number, (array, tile, data_offset, checksum_offset) in enumerate(raw):
-                crcs = bulk.write_array(descriptor, data_offset, array, tile, scratch)
+                crcs = bulk.write_array(descriptor, data_offset, array, tile, scratch, write_behind)
                 bulk.pwrite_all(descriptor, crcs.astype("<u4"), checksum_offset)
                 if number == 0:
                     fault_point("mid-rank-file", rank)
+            write_behind.finish()
             os.fsync(descriptor)
+            write_behind.drop_cache()
         finally:
             os.close(descriptor)
     else:
