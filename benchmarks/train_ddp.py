@@ -20,6 +20,7 @@ Run (one rank per GPU; torch.distributed is initialised from MPI, no torchrun)::
 
     mpirun -np 1 python3 benchmarks/train_ddp.py --json train_ddp_1gpu.json
     mpirun -np 2 python3 benchmarks/train_ddp.py --json train_ddp_2gpu.json
+    mpirun -np 2 python3 benchmarks/train_ddp.py --frameworks hpcgpu --allreduce peer   # copy engines
 
 A part that fails (PyTorch missing, out of memory, ...) is reported in the table and the JSON
 and the other parts still run. Takes about a minute on H200s with the defaults.
@@ -56,6 +57,10 @@ def parse_arguments(argv=None):
                         help="hpcgpu: at most N NCCL channels for its communicator (NCCL_MAX_NCHANNELS around "
                              "its creation); 0 = NCCL's default. Measure PyTorch in a separate process then "
                              "(NCCL may keep the setting for the whole process) [0]")
+    parser.add_argument("--allreduce", choices=("nccl", "peer"), default="nccl",
+                        help="hpcgpu's gradient bucket sum: NCCL allreduce, or peer: copy-engine copies between "
+                             "CUDA-IPC-mapped buffers plus one add kernel (2 GPUs of one node; one rank runs "
+                             "nccl, which has nothing to reduce) [nccl]")
     parser.add_argument("--precisions", default="fp32,fp16", help="comma-separated [fp32,fp16]")
     parser.add_argument("--frameworks", default="hpcgpu,torch", help="comma-separated [hpcgpu,torch]")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON (rank 0)")
@@ -75,8 +80,11 @@ def run_hpcgpu(comm, arch, options, precision):
                          global_batch_size=batch * comm.size, init_loss_scale=2.0**12, seed=0)
     model = large_mlp(options.inputs, options.classes, options.depth, options.width)
     trainer = Trainer(model, config)
-    create_nccl_communicator(comm, arch, options.nccl_channels)   # no-op once it exists
-    sync = DataParallel(comm, arch, options.bucket_mb)
+    # one rank reduces nothing: --allreduce peer (exactly 2 ranks) falls back to the no-op path there
+    allreduce = options.allreduce if comm.size > 1 else "nccl"
+    if allreduce == "nccl":
+        create_nccl_communicator(comm, arch, options.nccl_channels)   # no-op once it exists
+    sync = DataParallel(comm, arch, options.bucket_mb, allreduce=allreduce)
     xp = arch.xp
     state = init_train_state(trainer, xp, sync)
     rng = np.random.default_rng(comm.rank)
@@ -97,7 +105,8 @@ def run_hpcgpu(comm, arch, options, precision):
     seconds, metrics = timed(sync, options.steps)
     result = {"step_ms": 1e3 * seconds, "samples_per_second": batch * comm.size / seconds,
               "n_params": model.n_params, "final_loss": metrics.loss,
-              "applied_last_step": bool(metrics.applied), "nccl_channels": options.nccl_channels}
+              "applied_last_step": bool(metrics.applied), "nccl_channels": options.nccl_channels,
+              "allreduce": allreduce}
     if comm.size > 1:
         alone = sync.measure_allreduce_alone()
         stats = sync.overlap_stats()
@@ -242,7 +251,8 @@ def _main(options, comm):
     if comm.rank == 0:
         print(f"train_ddp: {comm.size} rank(s), {arch.describe()}, model depth {options.depth} width "
               f"{options.width}, batch {options.batch_per_gpu}/GPU, {options.steps} timed steps, "
-              f"hpcgpu NCCL channels {options.nccl_channels or 'default'}", flush=True)
+              f"hpcgpu allreduce {options.allreduce}, NCCL channels {options.nccl_channels or 'default'}",
+              flush=True)
         if options.nccl_channels and comm.size > 1 and "torch" in options.frameworks.split(","):
             print("  note: --nccl-channels with PyTorch in the same process; NCCL may apply the limit to "
                   "PyTorch's communicator too -- run --frameworks torch separately for a clean baseline",
@@ -330,6 +340,8 @@ def print_table(results):
         if r.get("events_hidden_fraction") is not None and r.get("events_allreduce_busy_ms") is not None:
             note = (f"events: waited {r['events_exposed_wait_ms']:.2f} ms of {r['events_allreduce_busy_ms']:.2f} ms "
                     f"busy, backward {r['events_backward_ms']:.2f} ms, hidden {100 * r['events_hidden_fraction']:.0f}%")
+        if r.get("allreduce") == "peer":
+            note = "allreduce peer (copy engines); " + note
         print(f"{r['framework']:<8} {r['precision']:<5} {r['n_ranks']:>5} {number('step_ms', '9.2f')} "
               f"{number('samples_per_second', '11,.0f')} {number('step_without_comm_ms', '10.2f')} "
               f"{number('allreduce_alone_ms', '11.2f')} {number('exposed_ms', '10.2f')} "

@@ -22,12 +22,12 @@ along rows only (``dims = (P, 1)``), ghost width 1.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 
 import numpy as np
 
 from hpcgpu.errors import ConfigurationError
+from hpcgpu.transport.cuda_ipc import export_pointer, open_peer_pointer, pointer_arg
 
 _SOURCE = r"""
 // One block: copy this rank's first and last owned rows (32-bit words) into the neighbours' ghost rows,
@@ -74,28 +74,6 @@ def _kernels():
 
     module = cupy.RawModule(code=_SOURCE)
     return module.get_function("peer_rows_put"), module.get_function("peer_rows_wait")
-
-
-@functools.cache
-def _libcuda():
-    return ctypes.CDLL("libcuda.so.1")
-
-
-def _allocation_base(pointer: int) -> int:
-    """Base address of the device allocation holding ``pointer`` (CuPy's pool sub-allocates)."""
-    base, size = ctypes.c_uint64(0), ctypes.c_size_t(0)
-    status = _libcuda().cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(pointer))
-    if status != 0:
-        raise RuntimeError(f"cuMemGetAddressRange failed (CUDA error {status}) for {pointer:#x}")
-    return base.value
-
-
-def _export(pointer: int) -> tuple[bytes, int]:
-    """(IPC handle of the allocation, offset of ``pointer`` in it): what a neighbour needs to map it."""
-    import cupy
-
-    base = _allocation_base(pointer)
-    return bytes(cupy.cuda.runtime.ipcGetMemHandle(base)), pointer - base
 
 
 def check_peer_rows(grid, arch, halo_width) -> None:
@@ -149,31 +127,23 @@ class PeerRowExchange:
         self.count = cupy.zeros(1, dtype=cupy.uint32)
         self._unused_flags = cupy.zeros(2, dtype=cupy.uint32)   # targets for a missing (wall) neighbour
         self._unused_rows = cupy.zeros(self.n_words, dtype=cupy.uint32)
-        mine = {"buffers": [_export(d.data.ptr) for d in data], "flags": _export(self.flags.data.ptr),
+        mine = {"buffers": [export_pointer(d.data.ptr) for d in data], "flags": export_pointer(self.flags.data.ptr),
                 "rows": rows, "pitch": pitch, "itemsize": itemsize}
         everyone = comm.mpi.allgather(mine)
         up, down = grid.neighbor((-1, 0)), grid.neighbor((1, 0))
-        opened = {}
-
-        def remote(handle_and_offset):
-            handle, offset = handle_and_offset
-            if handle not in opened:
-                opened[handle] = int(cupy.cuda.runtime.ipcOpenMemHandle(handle))
-            return opened[handle] + offset
-
         # My first owned row -> the upper neighbour's bottom ghost row; my last -> the lower one's top row.
         self._targets = []
         for which in (0, 1):
             if up is not None:
                 peer = everyone[up]
-                up_row = remote(peer["buffers"][which]) + ((peer["rows"] - 1) * peer["pitch"] + 1) * itemsize
-                up_flag = remote(peer["flags"]) + 4   # its "from below" counter
+                up_row = open_peer_pointer(peer["buffers"][which]) + ((peer["rows"] - 1) * peer["pitch"] + 1) * itemsize
+                up_flag = open_peer_pointer(peer["flags"]) + 4   # its "from below" counter
             else:
                 up_row, up_flag = self._unused_rows.data.ptr, self._unused_flags.data.ptr
             if down is not None:
                 peer = everyone[down]
-                down_row = remote(peer["buffers"][which]) + 1 * itemsize   # row 0, column 1
-                down_flag = remote(peer["flags"])      # its "from above" counter
+                down_row = open_peer_pointer(peer["buffers"][which]) + 1 * itemsize   # row 0, column 1
+                down_flag = open_peer_pointer(peer["flags"])      # its "from above" counter
             else:
                 down_row, down_flag = self._unused_rows.data.ptr, self._unused_flags.data.ptr + 4
             self._targets.append((up_row, down_row, up_flag, down_flag))
@@ -199,10 +169,6 @@ class PeerRowExchange:
         up_row, down_row, up_flag, down_flag = self._targets[which]
         first, last = self._rows[which]
         put, _ = _kernels()
-        put((1,), (_PUT_THREADS,), (_pointer(first), _pointer(last), _pointer(up_row), _pointer(down_row),
-                                    np.int32(self.n_words), _pointer(up_flag), _pointer(down_flag), self.count))
-
-
-def _pointer(address: int):
-    """A raw device address as a kernel argument (CuPy passes numpy.uint64 as a 64-bit value)."""
-    return np.uint64(address)
+        put((1,), (_PUT_THREADS,), (pointer_arg(first), pointer_arg(last), pointer_arg(up_row),
+                                    pointer_arg(down_row), np.int32(self.n_words), pointer_arg(up_flag),
+                                    pointer_arg(down_flag), self.count))

@@ -94,6 +94,11 @@ def build_parser(rank: int = 0):
                           "channels keep the allreduce from slowing the backward GEMMs it overlaps, at "
                           "lower allreduce bandwidth. 0 = NCCL's default; NCCL_MAX_NCHANNELS in the "
                           "environment wins [0]")
+    par.add_argument("--allreduce", choices=("nccl", "peer"), default="nccl",
+                     help="GPU gradient bucket sum: nccl (NCCL allreduce), or peer: the GPUs' copy engines move "
+                          "the halves of each bucket between CUDA-IPC-mapped buffers and one small add kernel "
+                          "sums them, so no NCCL kernels take SMs from the backward GEMMs; bitwise NCCL's "
+                          "result. peer needs GPUs, exactly 2 ranks on one node and --zero 0 [nccl]")
     par.add_argument("--blas-threads", type=non_negative_int, default=0, metavar="N",
                      help="CPU: BLAS threads per rank (0: 1 for mlp/cnn, cores per rank otherwise) [0]")
     out = parser.add_argument_group("evaluation and output")
@@ -119,6 +124,8 @@ def _fill_defaults(options):
 
 def validate(options, comm):
     """Check option values (replicated: every rank raises the same ConfigurationError)."""
+    from .distributed import check_allreduce
+
     _fill_defaults(options)
     if not options.lr > 0:
         raise ConfigurationError(f"--lr must be positive, got {options.lr}")
@@ -132,6 +139,9 @@ def validate(options, comm):
         raise ConfigurationError(f"--bucket-mb must be positive, got {options.bucket_mb}")
     if not options.loss_scale >= 1:
         raise ConfigurationError(f"--loss-scale must be >= 1, got {options.loss_scale}")
+    # the backend is not chosen yet: "auto" leaves the GPU check to make_sync
+    check_allreduce(comm, options.allreduce, is_gpu={"cupy": True, "numpy": False}.get(options.backend),
+                    zero_stage=options.zero)
     smallest_share = options.batch_size // comm.size
     if smallest_share < options.accum_steps:
         raise ConfigurationError(
@@ -220,19 +230,20 @@ def run(options, comm) -> dict:
     from hpcgpu.app.checkpointing import RunControl
 
     from .checkpointing import restore_training_checkpoint, training_checkpoint_payload
-    from .distributed import evaluate_distributed, make_sync, replicas_identical
+    from .distributed import check_allreduce, evaluate_distributed, make_sync, replicas_identical
     from .loader import ShardedLoader
     from .trainer import Trainer, init_train_state, train_step
 
     validate(options, comm)
     arch = hpcgpu.arch.auto(comm, backend=options.backend, bind_cpus=options.bind_cpus)
+    check_allreduce(comm, options.allreduce, is_gpu=arch.is_gpu, zero_stage=options.zero)   # --backend auto
     data = load_data(options, comm)
     if options.batch_size > data.source.n_samples:
         raise ConfigurationError(f"--batch-size {options.batch_size} exceeds the {data.source.n_samples} "
                                  "training samples; use a smaller global batch")
     model = build_model(options, data.source.sample_shape, data.n_classes)
     trainer = Trainer(model, train_config(options))
-    sync = make_sync(comm, arch, options.zero, options.bucket_mb, options.nccl_channels)
+    sync = make_sync(comm, arch, options.zero, options.bucket_mb, options.nccl_channels, options.allreduce)
     state = init_train_state(trainer, arch.xp, sync)
     output = prepare_output(comm, arch, options)   # OUTPUT/environment.json
     loud = comm.rank == 0 and not options.quiet
@@ -333,7 +344,8 @@ def _decomposition(options, comm, sync):
     shares = [hi - lo for lo, hi in (shard_bounds(options.batch_size, r, comm.size) for r in range(comm.size))]
     return {"kind": "data-parallel", "replicas": comm.size, "global_batch_size": options.batch_size,
             "local_batch_sizes": shares, "accum_steps": options.accum_steps, "zero_stage": options.zero,
-            "buckets": len(sync.buckets), "bucket_mb": options.bucket_mb if options.zero == 0 else None}
+            "buckets": len(sync.buckets), "bucket_mb": options.bucket_mb if options.zero == 0 else None,
+            "allreduce": options.allreduce if options.zero == 0 else None}
 
 
 def _diagnostics(history, state, trainer, sync, identical):
@@ -363,7 +375,8 @@ def _print_header(options, comm, arch, trainer, data, sync, threads_note, first_
                                            for r in range(comm.size))})
     share_text = "/".join(str(s) for s in shares)
     sync_text = ("ZeRO-1 (optimiser state sharded, reduce-scatter + all-gather)" if options.zero
-                 else f"{len(sync.buckets)} allreduce bucket(s) of <= {options.bucket_mb:g} MB")
+                 else f"{len(sync.buckets)} allreduce bucket(s) of <= {options.bucket_mb:g} MB"
+                 + (" (copy engines, CUDA IPC)" if options.allreduce == "peer" else ""))
     print(f"apps.train {hpcgpu.__version__}: {options.model}, {trainer.model.n_params:,} parameters, "
           f"{options.precision}, {options.optimizer} lr {options.lr:g}"
           + (", recompute" if options.recompute else ""))

@@ -20,6 +20,10 @@ starts -- while backward continues with the earlier layers.
   never blocks; :meth:`DataParallel.finish_gradients` makes the compute stream
   wait for the last done event (one stream, so it covers all buckets), so the
   optimiser kernels queue behind exactly the reductions they need.
+* GPU with ``allreduce="peer"`` (2 GPUs of one node): the same events and streams,
+  but the bytes move with the copy engines between CUDA-IPC-mapped buffers and one
+  small add kernel sums each half (:mod:`apps.train.peer_reduce`): no NCCL kernels
+  occupy SMs beside the backward GEMMs. Bitwise NCCL's result.
 * CPU: ``MPI_Iallreduce`` (in place) per bucket; every hook call also tests the
   outstanding requests, which drives MPI's progress engine (MPICH makes progress
   only inside MPI calls), and ``finish_gradients`` waits for all of them.
@@ -39,6 +43,8 @@ import os
 import time
 
 import numpy as np
+
+from hpcgpu.errors import ConfigurationError
 
 from ._backend import is_cupy, to_numpy
 from .data import shard_bounds
@@ -112,17 +118,21 @@ class _MpiBucketReducer:
         self.exposed_seconds = time.perf_counter() - started
 
 
-class _NcclBucketReducer:
-    """NCCL allreduce of device buffer slices on the communication stream (the GPU path)."""
+class _StreamBucketReducer:
+    """Bucket reductions queued on the communication stream, timed with CUDA events (GPU reducers).
 
-    def __init__(self, comm, arch, dtype):
-        from hpcgpu.transport.nccl import _nccl_types, nccl_communicator
+    Per bucket: the communication stream waits for a *ready* event of the compute stream,
+    then :meth:`_reduce` queues the reduction between a *start* and a *done* event. The host
+    never blocks; :meth:`wait` makes the compute stream wait for :meth:`_round_done`. The
+    events of a step are turned into seconds lazily, at the next step (:meth:`_resolve`),
+    into ``totals`` (``steps``, ``exposed``, ``busy``, ``backward``; seconds summed over steps).
+    """
 
-        self.nccl_comm = nccl_communicator(comm)
-        self.nccl_type = _nccl_types()[np.dtype(dtype)]
+    def __init__(self, arch):
         self.compute_stream, self.comm_stream = arch.compute_stream, arch.comm_stream
         self._free_events = []
         self._launched = []        # (start event, done event) of this step's buckets
+        self._round_events = []    # other events of this step, recycled with them
         self._unresolved = None    # events of the previous step, read lazily
         self._backward_start = None
         self.totals = {"steps": 0, "exposed": 0.0, "busy": 0.0, "backward": 0.0}
@@ -138,34 +148,38 @@ class _NcclBucketReducer:
         self._backward_start.record(self.compute_stream)
 
     def start(self, grads, lo, hi):
-        from cupy.cuda import nccl
-
         self._resolve()
         ready, start, done = self._event(), self._event(), self._event()
         # The communication stream may only read this slice once backward has written it.
         ready.record(self.compute_stream)
         self.comm_stream.wait_event(ready)
         start.record(self.comm_stream)
-        pointer = grads.data.ptr + lo * grads.itemsize
-        self.nccl_comm.allReduce(pointer, pointer, hi - lo, self.nccl_type, nccl.NCCL_SUM,
-                                 self.comm_stream.ptr)
+        self._reduce(grads, lo, hi)
         done.record(self.comm_stream)
         self._free_events.append(ready)   # reusable once recorded: nothing reads it later
         self._launched.append((start, done))
 
+    def _reduce(self, grads, lo, hi):
+        """Queue the sum over ranks of ``grads[lo:hi]`` (in place) on the communication stream."""
+        raise NotImplementedError
+
+    def _round_done(self):
+        """The event after which every bucket of this step is reduced."""
+        return self._launched[-1][1]   # one communication stream: the last done covers all
+
     def progress(self):
-        """NCCL progresses on the device; nothing to do on the host."""
+        """The reductions progress on the device; nothing to do on the host."""
 
     def wait(self):
         if not self._launched:
             return
+        round_done = self._round_done()
         backward_end, synced = self._event(), self._event()
         backward_end.record(self.compute_stream)
-        # One communication stream: its last done event covers every bucket.
-        self.compute_stream.wait_event(self._launched[-1][1])
+        self.compute_stream.wait_event(round_done)
         synced.record(self.compute_stream)
-        self._unresolved = (self._backward_start, backward_end, synced, self._launched)
-        self._launched, self._backward_start = [], None
+        self._unresolved = (self._backward_start, backward_end, synced, self._launched, self._round_events)
+        self._launched, self._round_events, self._backward_start = [], [], None
 
     def _resolve(self):
         """Turn the previous step's events into seconds (they completed long ago)."""
@@ -173,7 +187,7 @@ class _NcclBucketReducer:
 
         if self._unresolved is None:
             return
-        backward_start, backward_end, synced, launched = self._unresolved
+        backward_start, backward_end, synced, launched, round_events = self._unresolved
         self._unresolved = None
         synced.synchronize()
         elapsed = cupy.cuda.get_elapsed_time
@@ -183,9 +197,27 @@ class _NcclBucketReducer:
         if backward_start is not None:
             self.totals["backward"] += elapsed(backward_start, backward_end) / 1e3
             self._free_events.append(backward_start)
-        self._free_events += [backward_end, synced]
+        self._free_events += [backward_end, synced, *round_events]
         for start, done in launched:
             self._free_events += [start, done]
+
+
+class _NcclBucketReducer(_StreamBucketReducer):
+    """NCCL allreduce of device buffer slices on the communication stream (the GPU path)."""
+
+    def __init__(self, comm, arch, dtype):
+        from hpcgpu.transport.nccl import _nccl_types, nccl_communicator
+
+        super().__init__(arch)
+        self.nccl_comm = nccl_communicator(comm)
+        self.nccl_type = _nccl_types()[np.dtype(dtype)]
+
+    def _reduce(self, grads, lo, hi):
+        from cupy.cuda import nccl
+
+        pointer = grads.data.ptr + lo * grads.itemsize
+        self.nccl_comm.allReduce(pointer, pointer, hi - lo, self.nccl_type, nccl.NCCL_SUM,
+                                 self.comm_stream.ptr)
 
 
 class DataParallel:
@@ -197,6 +229,11 @@ class DataParallel:
     arch : hpcgpu.arch.CPU or GPU
     bucket_mb : float
         Bucket size in MB (10**6 bytes).
+    allreduce : {"nccl", "peer"}
+        How GPU buckets are summed: NCCL's allreduce (default), or ``"peer"``: copy-engine
+        copies between CUDA-IPC-mapped buffers and one small add kernel
+        (:class:`apps.train.peer_reduce.PeerBucketReducer`; exactly 2 ranks on one node with
+        GPUs, checked here identically on every rank). CPU buffers always use MPI.
 
     Attributes
     ----------
@@ -208,10 +245,12 @@ class DataParallel:
 
     zero_stage = 0
 
-    def __init__(self, comm, arch, bucket_mb=DEFAULT_BUCKET_MB):
+    def __init__(self, comm, arch, bucket_mb=DEFAULT_BUCKET_MB, allreduce="nccl"):
         self.comm, self.arch = comm, arch
         self.bucket_mb = float(bucket_mb)
         plan_buckets(1, 4, self.bucket_mb)   # validates the size before any collective
+        check_allreduce(comm, allreduce, is_gpu=getattr(arch, "is_gpu", False))
+        self.allreduce = allreduce
         self.buckets = []
         self.grads = None
         self._reducer = None
@@ -229,7 +268,11 @@ class DataParallel:
         self.buckets = plan_buckets(grads.shape[0], grads.itemsize, self.bucket_mb)
         if self.comm.size == 1:
             return
-        if is_cupy(grads):
+        if is_cupy(grads) and self.allreduce == "peer":
+            from .peer_reduce import PeerBucketReducer
+
+            self._reducer = PeerBucketReducer(self.comm, self.arch, grads, self.buckets)
+        elif is_cupy(grads):
             self._reducer = _NcclBucketReducer(self.comm, self.arch, grads.dtype)
         else:
             self._reducer = _MpiBucketReducer(self.comm, grads.dtype)
@@ -238,7 +281,7 @@ class DataParallel:
         if self._reducer is None:
             return
         self._next_bucket = 0
-        if isinstance(self._reducer, _NcclBucketReducer):
+        if isinstance(self._reducer, _StreamBucketReducer):
             self._reducer.mark_backward_start()
         else:
             self._backward_started = time.perf_counter()
@@ -304,7 +347,7 @@ class DataParallel:
             self.alone_seconds = 0.0
             return 0.0
         saved_totals = None
-        if isinstance(self._reducer, _NcclBucketReducer):
+        if isinstance(self._reducer, _StreamBucketReducer):
             self._reducer._resolve()
             saved_totals = dict(self._reducer.totals)
         rounds = []
@@ -341,7 +384,7 @@ class DataParallel:
             stats.update(backward_ms=None, exposed_wait_ms=0.0, allreduce_alone_ms=0.0,
                          hidden_fraction=None)
             return stats
-        if isinstance(self._reducer, _NcclBucketReducer):
+        if isinstance(self._reducer, _StreamBucketReducer):
             self._reducer._resolve()
             totals = self._reducer.totals
         else:
@@ -420,15 +463,37 @@ def create_nccl_communicator(comm, arch, n_channels=0):
     return True
 
 
-def make_sync(comm, arch, zero_stage=0, bucket_mb=DEFAULT_BUCKET_MB, nccl_channels=0):
+ALLREDUCE_KINDS = ("nccl", "peer")
+
+
+def check_allreduce(comm, allreduce, is_gpu=None, zero_stage=0):
+    """Raise ConfigurationError (the same verdict on every rank) unless ``allreduce`` can be used.
+
+    ``is_gpu=None`` (backend not chosen yet) skips the GPU check. Only replicated values are
+    read (options, ``comm.size``, ``comm.n_nodes``), so every rank raises the same message
+    before any collective.
+    """
+    if allreduce not in ALLREDUCE_KINDS:
+        raise ConfigurationError(f"--allreduce: expected one of {', '.join(ALLREDUCE_KINDS)}, found {allreduce!r}")
+    if allreduce == "peer":
+        from .peer_reduce import check_peer_reduce
+
+        check_peer_reduce(comm, is_gpu, zero_stage)
+
+
+def make_sync(comm, arch, zero_stage=0, bucket_mb=DEFAULT_BUCKET_MB, nccl_channels=0, allreduce="nccl"):
     """The gradient synchroniser for ``zero_stage`` 0 (:class:`DataParallel`) or 1 (ZeRO-1).
 
     ``nccl_channels > 0`` creates the NCCL communicator first with that channel limit
-    (see :func:`create_nccl_communicator`).
+    (see :func:`create_nccl_communicator`). ``allreduce="peer"`` selects the copy-engine
+    bucket reduction of :mod:`apps.train.peer_reduce` (ZeRO 0, 2 GPUs of one node; no NCCL
+    communicator is created for it).
     """
-    create_nccl_communicator(comm, arch, nccl_channels)
+    check_allreduce(comm, allreduce, is_gpu=getattr(arch, "is_gpu", False), zero_stage=zero_stage)
+    if allreduce == "nccl":
+        create_nccl_communicator(comm, arch, nccl_channels)
     if zero_stage == 0:
-        return DataParallel(comm, arch, bucket_mb)
+        return DataParallel(comm, arch, bucket_mb, allreduce)
     if zero_stage == 1:
         from .zero import ZeroRedundancy
 

@@ -1,0 +1,67 @@
+"""CUDA IPC: map another process's device memory into this one (GPUs of one node).
+
+A rank *exports* a device pointer as ``(handle, offset)``: the IPC handle of the whole
+allocation that holds it (``cudaIpcGetMemHandle`` works on allocation bases only, and CuPy's
+memory pool sub-allocates, so the base is found with ``cuMemGetAddressRange``) and the
+pointer's byte offset in it. The pair travels to the peer by MPI (it is plain bytes and an
+int); the peer *opens* the handle (``cudaIpcOpenMemHandle``, which also enables peer access
+to the exporting GPU) and adds the offset. From then on the peer's kernels and
+``cudaMemcpyAsync`` calls read and write that memory directly over NVLink / PCIe.
+
+A process may open one allocation's handle only once, and several arrays of a peer often
+live in one allocation (pool chunks), so opened handles are cached for the life of the
+process (:func:`open_peer_pointer`); they are never closed. ``cudaIpcGetMemHandle`` returns
+a new, unique handle for memory that was freed and allocated again, so a cached mapping is
+never mistaken for a newer allocation at the same address.
+
+CuPy is imported inside the functions: importing this module needs no GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+
+# (device id, handle bytes) -> base address of the mapped allocation in this process
+_opened: dict[tuple[int, bytes], int] = {}
+
+
+@functools.cache
+def libcuda():
+    """The CUDA driver library (for ``cuMemGetAddressRange``, which the runtime API lacks)."""
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def allocation_base(pointer: int) -> int:
+    """Base address of the device allocation holding ``pointer`` (CuPy's pool sub-allocates)."""
+    base, size = ctypes.c_uint64(0), ctypes.c_size_t(0)
+    status = libcuda().cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(pointer))
+    if status != 0:
+        raise RuntimeError(f"cuMemGetAddressRange failed (CUDA error {status}) for {pointer:#x}")
+    return base.value
+
+
+def export_pointer(pointer: int) -> tuple[bytes, int]:
+    """(IPC handle of the allocation, byte offset of ``pointer`` in it): what a peer needs to map it."""
+    import cupy
+
+    base = allocation_base(pointer)
+    return bytes(cupy.cuda.runtime.ipcGetMemHandle(base)), pointer - base
+
+
+def open_peer_pointer(handle_and_offset: tuple[bytes, int]) -> int:
+    """This process's address of a peer's exported pointer; the handle is opened once per device."""
+    import cupy
+
+    handle, offset = handle_and_offset
+    key = (cupy.cuda.runtime.getDevice(), bytes(handle))
+    if key not in _opened:
+        _opened[key] = int(cupy.cuda.runtime.ipcOpenMemHandle(bytes(handle)))
+    return _opened[key] + int(offset)
+
+
+def pointer_arg(address: int):
+    """A raw device address as a kernel argument (CuPy passes numpy.uint64 as a 64-bit value)."""
+    return np.uint64(address)
