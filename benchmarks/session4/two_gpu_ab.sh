@@ -20,10 +20,10 @@ for mode in off auto; do
   printf "MD 1 GPU 2.05M resident %s | " $mode; grep -E "atom-steps|^compute" $W/md1.txt | tr -s ' ' | tr '\n' '|'; echo
 done
 echo "== train fp16 [$(el) s]"
-timeout 90 mpirun -np 1 --bind-to none python3 benchmarks/train_ddp.py --frameworks hpcgpu --precisions fp16 --steps 30 --warmup 10 > $W/b1.txt 2>&1; tail -2 $W/b1.txt | head -1
+timeout 90 mpirun -np 1 --bind-to none python3 benchmarks/train_ddp.py --frameworks hpcgpu --precisions fp16 --steps 30 --warmup 10 > $W/b1.txt 2>&1; grep -E "^hpcgpu" $W/b1.txt || tail -3 $W/b1.txt
 for mode in nccl peer nccl; do
   timeout 100 mpirun -np 2 --bind-to none python3 benchmarks/train_ddp.py --frameworks hpcgpu --precisions fp16 --allreduce $mode \
-    --steps 30 --warmup 10 > $W/b2.txt 2>&1; tail -2 $W/b2.txt | head -1
+    --steps 30 --warmup 10 > $W/b2.txt 2>&1; grep -E "^hpcgpu" $W/b2.txt || tail -3 $W/b2.txt
 done
 nvidia-smi --query-gpu=index,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
 echo "done [$(el) s]"
