@@ -53,5 +53,21 @@ def train_curve(comm, n_steps, global_batch, accum_steps=1, zero=0, precision="f
     return np.array(losses), to_numpy(state.precision.master_params).copy(), sync
 
 
+def gpu_arch_or_skip(comm):
+    """The GPU architecture, or a skip (the same decision on every rank) without enough GPUs."""
+    import pytest
+
+    cupy = pytest.importorskip("cupy")
+    try:
+        n_devices = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError:
+        n_devices = 0
+    if n_devices < comm.local_size:
+        pytest.skip(f"needs {comm.local_size} GPU(s) on this node, found {n_devices}")
+    import hpcgpu
+
+    return hpcgpu.arch.auto(comm, backend="cupy")
+
+
 def relative_difference(a, b):
     return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-30)))

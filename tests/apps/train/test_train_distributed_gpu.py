@@ -10,23 +10,9 @@ import sys
 
 import numpy as np
 import pytest
-from distributed_cases import relative_difference, train_curve
+from distributed_cases import gpu_arch_or_skip, relative_difference, train_curve
 
 pytestmark = pytest.mark.gpu
-
-
-def gpu_arch_or_skip(comm):
-    """The GPU architecture, or a skip (the same decision on every rank) without enough GPUs."""
-    cupy = pytest.importorskip("cupy")
-    try:
-        n_devices = cupy.cuda.runtime.getDeviceCount()
-    except cupy.cuda.runtime.CUDARuntimeError:
-        n_devices = 0
-    if n_devices < comm.local_size:
-        pytest.skip(f"needs {comm.local_size} GPU(s) on this node, found {n_devices}")
-    import hpcgpu
-
-    return hpcgpu.arch.auto(comm, backend="cupy")
 
 
 @pytest.mark.mpi(ranks=[1, 2])

@@ -17,26 +17,12 @@ import sys
 
 import numpy as np
 import pytest
-from distributed_cases import make_model, synthetic_data
+from distributed_cases import gpu_arch_or_skip, make_model, synthetic_data
 
 pytestmark = pytest.mark.gpu
 
 ODD_BUCKET_MB = 0.001998
 KINDS = ("nccl", "peer")
-
-
-def gpu_arch_or_skip(comm):
-    """The GPU architecture, or a skip (the same decision on every rank) without 2 GPUs here."""
-    cupy = pytest.importorskip("cupy")
-    try:
-        n_devices = cupy.cuda.runtime.getDeviceCount()
-    except cupy.cuda.runtime.CUDARuntimeError:
-        n_devices = 0
-    if n_devices < comm.local_size:
-        pytest.skip(f"needs {comm.local_size} GPU(s) on this node, found {n_devices}")
-    import hpcgpu
-
-    return hpcgpu.arch.auto(comm, backend="cupy")
 
 
 def gradient_like(rng, n, dtype):
