@@ -26,6 +26,11 @@ device: each rank sums them with a fixed-order tree reduction (deterministic run
 ~1e-16 relative, i.e. decomposition-dependent only far below the 1e-10 target), and the rank totals are
 added exactly; a thermo sample copies 24 bytes to the host.
 
+On one GPU (one rank) :func:`init` hands the state to the device-resident driver when it applies
+(``state.resident``, :mod:`apps.md.resident`): whole steps, rebuilds included, run as CUDA graphs on
+owned atoms only (minimum-image distances, no ghosts); :func:`step`, :func:`settle` and :func:`thermo`
+delegate to it, and everything else here reads the same state fields.
+
 Checkpoint hook: the whole dynamical state is ``owned_arrays(state)`` (positions, velocities, ids, types,
 masses, images of the owned atoms) plus ``state.step`` and ``state.nose_hoover``; :func:`init` rebuilds
 everything else (ghosts, neighbour list, forces) from those arrays on any decomposition.
