@@ -49,6 +49,7 @@ from hpcgpu.arch import on_stream
 from hpcgpu.errors import ConfigurationError
 
 from ._arrays import THREADS_PER_BLOCK, blocks_for, raw_kernel
+from .cells import make_cell_grid
 from .forces import lanes_per_atom
 from .neighbors import GROWTH, NeighborList
 from .watch import NOT_EXCEEDED
@@ -228,8 +229,9 @@ def _kernel(name, dtype=None):
 
 
 def cells_per_axis(box, cutoff: float) -> tuple:
-    """Periodic cells per axis: as many as fit with edges of at least ``cutoff`` (sigma)."""
-    return tuple(max(1, int(math.floor(float(length) / cutoff))) for length in box)
+    """Periodic cells per axis: as many as fit with edges of at least ``cutoff`` (sigma); the shape of
+    :func:`apps.md.cells.make_cell_grid` over the box without a ghost shell."""
+    return make_cell_grid(np.zeros(3), box, 0.0, cutoff).shape
 
 
 def resident_problems(state, config) -> list:
