@@ -75,7 +75,8 @@ def profile(cells: int, steps: int, dtype) -> None:
             (resident.reference, np.int32(n), *box_, *inverse, *per_length, *shape, resident.cell_count,
              resident.cell_atoms, np.int32(resident.cell_capacity), resident.real(resident.cutoff ** 2),
              np.int32(resident.neighbor_capacity), resident.neighbors, resident.counts, resident.watch,
-             resident.control, np.int32(1), np.int32(resident.build_lanes.bit_length() - 1)))
+             resident.control, np.int32(1), np.int32(resident.build_lanes.bit_length() - 1),
+             *(resident.real(0),) * 3, np.int32(7), np.uint64(0)))
         events[4].record()
         events[4].synchronize()
         rebuild_parts = [cupy.cuda.get_elapsed_time(events[a], events[b]) * 1e3 for a, b in ((3, 7), (7, 6), (6, 4))]

@@ -61,6 +61,11 @@ def parse_arguments(argv=None):
                         help="hpcgpu's gradient bucket sum: NCCL allreduce, or peer: copy-engine copies between "
                              "CUDA-IPC-mapped buffers plus one add kernel (2 GPUs of one node; one rank runs "
                              "nccl, which has nothing to reduce) [nccl]")
+    parser.add_argument("--rounds", type=int, default=1, metavar="R",
+                        help="with several ranks: R alternating pairs of timed runs, data-parallel then the same "
+                             "steps without communication (each rank alone: a one-GPU run on the same GPUs at the "
+                             "same moment); reports each pair's scaling efficiency t(alone) / t(data-parallel) and "
+                             "their median, immune to the host's drift between separate jobs [1]")
     parser.add_argument("--precisions", default="fp32,fp16", help="comma-separated [fp32,fp16]")
     parser.add_argument("--frameworks", default="hpcgpu,torch", help="comma-separated [hpcgpu,torch]")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON (rank 0)")
@@ -111,6 +116,13 @@ def run_hpcgpu(comm, arch, options, precision):
         alone = sync.measure_allreduce_alone()
         stats = sync.overlap_stats()
         local_seconds, _ = timed(LocalSync(), options.steps)
+        pairs = [(seconds, local_seconds)]
+        for _ in range(options.rounds - 1):
+            pairs.append((timed(sync, options.steps)[0], timed(LocalSync(), options.steps)[0]))
+        if len(pairs) > 1:
+            efficiencies = [local / together for together, local in pairs]
+            result.update(round_efficiencies=efficiencies, median_efficiency=float(np.median(efficiencies)),
+                          round_step_ms=[[1e3 * t for t in pair] for pair in pairs])
         exposed = max(0.0, seconds - local_seconds)
         result.update(
             step_without_comm_ms=1e3 * local_seconds, allreduce_alone_ms=1e3 * alone,
@@ -346,6 +358,11 @@ def print_table(results):
               f"{number('samples_per_second', '11,.0f')} {number('step_without_comm_ms', '10.2f')} "
               f"{number('allreduce_alone_ms', '11.2f')} {number('exposed_ms', '10.2f')} "
               f"{'-' if hidden is None else format(100 * hidden, '6.0f') + '%'}  {note}")
+    for r in results:
+        if r.get("round_efficiencies"):
+            rounds = " ".join(f"{100 * e:.1f}%" for e in r["round_efficiencies"])
+            print(f"{r['framework']} {r['precision']} {r.get('allreduce', '')}: in-process scaling per round {rounds}; "
+                  f"median {100 * r['median_efficiency']:.1f}% (step ms pairs {r['round_step_ms']})")
     by_key = {(r["framework"], r["precision"]): r for r in results if not r.get("error")}
     tf32 = {r["allow_tf32_default"] for r in results if "allow_tf32_default" in r}
     if tf32:

@@ -26,10 +26,11 @@ device: each rank sums them with a fixed-order tree reduction (deterministic run
 ~1e-16 relative, i.e. decomposition-dependent only far below the 1e-10 target), and the rank totals are
 added exactly; a thermo sample copies 24 bytes to the host.
 
-On one GPU (one rank) :func:`init` hands the state to the device-resident driver when it applies
-(``state.resident``, :mod:`apps.md.resident`): whole steps, rebuilds included, run as CUDA graphs on
-owned atoms only (minimum-image distances, no ghosts); :func:`step`, :func:`settle` and :func:`thermo`
-delegate to it, and everything else here reads the same state fields.
+On GPUs :func:`init` hands the state to a device-resident driver when one applies (``state.resident``):
+whole steps, rebuilds included, run as CUDA graphs -- on one GPU on owned atoms only (minimum-image
+distances, no ghosts: :mod:`apps.md.resident`), on several GPUs cut into slabs with migration and ghosts
+on the device through NCCL (:mod:`apps.md.resident_slab`). :func:`step`, :func:`settle` and
+:func:`thermo` delegate to it, and everything else here reads the same state fields.
 
 Checkpoint hook: the whole dynamical state is ``owned_arrays(state)`` (positions, velocities, ids, types,
 masses, images of the owned atoms) plus ``state.step`` and ``state.nose_hoover``; :func:`init` rebuilds
@@ -277,7 +278,12 @@ def _attach_watch(state: DistributedState, config: MDConfig) -> None:
     state.resident = None
     if resident_applies(state, config):
         state.watch = state.graphs = None
-        state.resident = ResidentSteps(state, config)
+        if state.domain.comm.size == 1:
+            state.resident = ResidentSteps(state, config)
+        else:
+            from .resident_slab import SlabResidentSteps
+
+            state.resident = SlabResidentSteps(state, config)
         return
     interval = check_interval(config, state.is_gpu)
     state.watch = None

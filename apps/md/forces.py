@@ -166,7 +166,7 @@ def _launch_gpu(positions, types, neighbor_list, pair_table, forces, per_atom, b
             np.int32(neighbor_list.capacity), pair_table, np.int32(pair_table.shape[0]), forces,
             np.int32(per_atom is not None), np.uint64(0) if per_atom is None else per_atom,
             np.int32(periodic), *(real(v) for v in box), *(real(1.0 / v) for v in box),
-            np.int32(int(lanes).bit_length() - 1), np.int32(bool(atom_major))))
+            np.int32(int(lanes).bit_length() - 1), np.int32(bool(atom_major)), np.uint64(0)))
 
 
 def _per_atom_cpu(positions, types, neighbor_list, pair_table, forces):
@@ -226,17 +226,21 @@ __global__ void md_lj_forces(const real* __restrict__ positions, const int* __re
                              int n_local, int capacity, const real* __restrict__ table, int n_types,
                              real* __restrict__ forces, int compute_energy, double* __restrict__ per_atom,
                              int minimum_image, real box_x, real box_y, real box_z,
-                             real inverse_x, real inverse_y, real inverse_z, int lane_bits, int atom_major) {
+                             real inverse_x, real inverse_y, real inverse_z, int lane_bits, int atom_major,
+                             const int* __restrict__ active) {
     /* 2**lane_bits consecutive threads of one warp share atom i: lane l takes neighbours l, l + lanes, ...
        and the lanes' sums are combined by a fixed shuffle tree. One lane (lane_bits 0) is the plain loop.
        atom_major: entry k of atom i at [i * capacity + k] (consecutive lanes read consecutive entries),
-       else at [k * n_local + i] (consecutive atoms, one lane each, read consecutive entries). */
+       else at [k * n_local + i] (consecutive atoms, one lane each, read consecutive entries).
+       active: null, or the device word holding how many of the n_local rows are atoms now (the slab
+       driver, apps.md.resident_slab, keeps fixed-capacity arrays whose owned count changes on the device);
+       n_local is then the arrays' row capacity (the list's and per_atom's row stride). */
     const int thread = blockDim.x * blockIdx.x + threadIdx.x;
     const int lanes = 1 << lane_bits;
     const int i = thread >> lane_bits;
     const int lane = thread & (lanes - 1);
     const unsigned group = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1u) << ((threadIdx.x & 31) & ~(lanes - 1));
-    if (i >= n_local) return;   /* the same for every lane of a group */
+    if (i >= (active != nullptr ? active[0] : n_local)) return;   /* the same for every lane of a group */
     const real xi = positions[3 * i], yi = positions[3 * i + 1], zi = positions[3 * i + 2];
     const real* row = table + 5 * n_types * types[i];
     double fx = 0.0, fy = 0.0, fz = 0.0;   /* float64 accumulation even in the float32 path */

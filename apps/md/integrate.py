@@ -63,7 +63,7 @@ def velocity_verlet_second_half(velocities, forces, masses, dt: float) -> None:
     n_local = _check(velocities, velocities, forces, masses)
     if _is_cupy(velocities):
         _launch("md_second_half", velocities.dtype, n_local,
-                velocities, forces, masses, np.int32(n_local), velocities.dtype.type(dt))
+                velocities, forces, masses, np.int32(n_local), velocities.dtype.type(dt), np.uint64(0))
     else:
         _second_half_cpu(velocities, forces, masses, velocities.dtype.type(dt))
 
@@ -91,7 +91,7 @@ def langevin_forces(forces, velocities, masses, atom_ids, temperature: float, da
     if _is_cupy(forces):
         _launch("md_langevin", forces.dtype, n_local, forces, velocities, masses, atom_ids, np.int32(n_local),
                 np.float64(1.0 / damping), np.float64(noise_scale), np.int64(seed), np.int64(step),
-                np.uint64(0) if step_counter is None else step_counter)
+                np.uint64(0) if step_counter is None else step_counter, np.uint64(0))
     else:
         _langevin_cpu(forces, velocities, masses, atom_ids, 1.0 / damping, noise_scale, np.int64(seed),
                       np.int64(step))
@@ -199,9 +199,11 @@ __global__ void md_first_half(real* __restrict__ positions, real* __restrict__ v
 
 template <typename real>
 __global__ void md_second_half(real* __restrict__ velocities, const real* __restrict__ forces,
-                               const real* __restrict__ masses, int n_local, real dt) {
+                               const real* __restrict__ masses, int n_local, real dt,
+                               const int* __restrict__ active) {
+    /* active: null, or the device word with the number of atoms now (apps.md.resident_slab). */
     int i = blockDim.x * blockIdx.x + threadIdx.x;
-    if (i >= n_local) return;
+    if (i >= (active != nullptr ? active[0] : n_local)) return;
     const real half_dt_over_m = real(0.5) * dt / masses[i];
     for (int axis = 0; axis < 3; ++axis) velocities[3 * i + axis] += half_dt_over_m * forces[3 * i + axis];
 }
@@ -210,9 +212,9 @@ template <typename real>
 __global__ void md_langevin(real* __restrict__ forces, const real* __restrict__ velocities,
                             const real* __restrict__ masses, const long long* __restrict__ atom_ids,
                             int n_local, double friction, double noise_scale, long long seed, long long step,
-                            const long long* __restrict__ step_counter) {
+                            const long long* __restrict__ step_counter, const int* __restrict__ active) {
     int i = blockDim.x * blockIdx.x + threadIdx.x;
-    if (i >= n_local) return;
+    if (i >= (active != nullptr ? active[0] : n_local)) return;   /* active: as md_second_half */
     if (step_counter != nullptr) step = step_counter[0];   /* graph replays: the step lives on the device */
     double noise[3];
     md_gaussian3(seed, step, atom_ids[i], noise, noise + 1, noise + 2);

@@ -159,7 +159,13 @@ __global__ void md_resident_neighbors(const real* __restrict__ reference, int n,
                                       const int* __restrict__ cell_count, const int* __restrict__ cell_atoms,
                                       int cell_capacity, real cutoff_sq, int capacity, int* __restrict__ neighbors,
                                       int* __restrict__ counts, const int* __restrict__ watch,
-                                      int* __restrict__ control, int count_build, int lane_bits) {
+                                      int* __restrict__ control, int count_build, int lane_bits,
+                                      real origin_x, real origin_y, real origin_z, int periodic_mask,
+                                      const int* __restrict__ active) {
+    /* The slab driver (apps.md.resident_slab) reuses this kernel: its cell grid starts at origin and is
+       periodic only on the axes of periodic_mask (bit a: axis a; others hold ghost cells, box and inverse
+       are 0 there, so the minimum-image terms vanish); list rows for the first active[0] of the n rows
+       (n: the arrays' capacity and the k-major stride). One GPU: origin 0, mask 7, active null. */
     if (watch[0] == NOT_EXCEEDED) return;
     const int thread = blockDim.x * blockIdx.x + threadIdx.x;
     if (thread == 0 && count_build) control[0] += 1;
@@ -168,18 +174,25 @@ __global__ void md_resident_neighbors(const real* __restrict__ reference, int n,
     const int lane = thread & (lanes - 1);
     const int first_lane = (threadIdx.x & 31) & ~(lanes - 1);
     const unsigned group = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1u) << first_lane;
-    if (i >= n) return;   /* the same for every lane of a group */
+    if (i >= (active != nullptr ? active[0] : n)) return;   /* the same for every lane of a group */
     const real xi = reference[3 * i], yi = reference[3 * i + 1], zi = reference[3 * i + 2];
-    const int cx = min(max((int)floor(xi * cells_per_x), 0), nx - 1);
-    const int cy = min(max((int)floor(yi * cells_per_y), 0), ny - 1);
-    const int cz = min(max((int)floor(zi * cells_per_z), 0), nz - 1);
+    const int cx = min(max((int)floor((xi - origin_x) * cells_per_x), 0), nx - 1);
+    const int cy = min(max((int)floor((yi - origin_y) * cells_per_y), 0), ny - 1);
+    const int cz = min(max((int)floor((zi - origin_z) * cells_per_z), 0), nz - 1);
     int count = 0;
     for (int oz = -1; oz <= 1; ++oz) {
-        const int z = (cz + oz + nz) % nz;
+        int z = cz + oz;
+        if (periodic_mask & 4) z = (z + nz) % nz;
+        else if (z < 0 || z >= nz) continue;
         for (int oy = -1; oy <= 1; ++oy) {
-            const int y = (cy + oy + ny) % ny;
+            int y = cy + oy;
+            if (periodic_mask & 2) y = (y + ny) % ny;
+            else if (y < 0 || y >= ny) continue;
             for (int ox = -1; ox <= 1; ++ox) {
-                const int cell = (z * ny + y) * nx + (cx + ox + nx) % nx;
+                int x = cx + ox;
+                if (periodic_mask & 1) x = (x + nx) % nx;
+                else if (x < 0 || x >= nx) continue;
+                const int cell = (z * ny + y) * nx + x;
                 const int* slots = cell_atoms + (long long)cell * cell_capacity;
                 const int m = min(cell_count[cell], cell_capacity);
                 for (int base = 0; base < m; base += lanes) {
@@ -235,19 +248,22 @@ def cells_per_axis(box, cutoff: float) -> tuple:
 
 
 def resident_problems(state, config) -> list:
-    """Why the device-resident driver cannot run ``state`` (an empty list: it can).
+    """Why the device-resident driver cannot run ``state`` (an empty list: it can): one GPU, or several
+    cut into slabs (:mod:`apps.md.resident_slab`).
 
-    The same verdict on every rank (it depends on the configuration, the box and the rank count only).
+    The same verdict on every rank (it depends on the configuration, the box and the decomposition only).
     """
     problems = []
     if not state.is_gpu:
         problems.append("it needs a GPU (--backend cupy)")
-    if state.domain.comm.size != 1:
-        problems.append(f"it runs one rank (the job has {state.domain.comm.size})")
     if config.thermostat not in (None, "langevin"):
         problems.append("Nose-Hoover needs the kinetic energy on the host every step")
     if config.rebuild_every != 1 or not config.rebuild_check:
         problems.append("it checks the skin/2 displacement every step (--rebuild-every 1, no --no-check)")
+    if state.domain.comm.size > 1:   # several GPUs: the slab driver's own conditions
+        from .resident_slab import slab_problems
+
+        return problems + slab_problems(state, config)
     cells = cells_per_axis(state.box, config.ghost_width)
     if min(cells) < 3:
         problems.append(f"the box must span at least 3 cells of cutoff + skin = {config.ghost_width:g} sigma per "
@@ -435,7 +451,7 @@ class ResidentSteps:
             (self.reference, np.int32(n), *box, *inverse, *per_length, *shape, self.cell_count, self.cell_atoms,
              np.int32(self.cell_capacity), self.real(self.cutoff * self.cutoff), np.int32(self.neighbor_capacity),
              self.neighbors, self.counts, self.watch, self.control, np.int32(count_build),
-             np.int32(self.build_lanes.bit_length() - 1)))
+             np.int32(self.build_lanes.bit_length() - 1), *(self.real(0),) * 3, np.int32(7), np.uint64(0)))
 
     def _record_step(self, state, energy: bool) -> None:
         """Queue one whole step (the chain in the module docstring)."""

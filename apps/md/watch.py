@@ -73,7 +73,7 @@ def first_half_and_watch(positions, velocities, forces, masses, dt: float, refer
         kernel((blocks_for(n_local),), (THREADS_PER_BLOCK,),
                (positions, velocities, forces, masses, np.int32(n_local), positions.dtype.type(dt), reference,
                 np.float64(threshold_sq), np.int32(step), watch,
-                np.uint64(0) if step_counter is None else step_counter))
+                np.uint64(0) if step_counter is None else step_counter, np.uint64(0)))
         return
     _first_half_cpu(positions, velocities, forces, masses, positions.dtype.type(dt))
     displacement_sq = np.empty(n_local, dtype=np.float64)
@@ -197,8 +197,11 @@ __global__ void md_first_half_watch(real* __restrict__ positions, real* __restri
                                     const real* __restrict__ forces, const real* __restrict__ masses,
                                     int n_local, real dt, const real* __restrict__ reference,
                                     double threshold_sq, int step, int* watch,
-                                    const long long* __restrict__ step_counter) {
+                                    const long long* __restrict__ step_counter, const int* __restrict__ active) {
+    /* active: null, or the device word with the number of atoms (rows below n_local) now (the slab
+       driver's fixed-capacity arrays, apps.md.resident_slab). */
     const int i = blockDim.x * blockIdx.x + threadIdx.x;
+    if (active != nullptr) n_local = active[0];
     if (step_counter != nullptr) step = (int)step_counter[0];   /* graph replays: the step lives on the device */
     float largest = 0.0f;
     bool exceeded = false;

@@ -118,7 +118,9 @@ def test_gpu_fp32_in_lj_follows_fp64_cpu_for_100_steps(comm, cupy):
     hpcgpu.arch.auto(comm, backend="cupy", allow_sharing=True)
     fast, state = _run(comm, cupy, np.float32, check_interval=None, cells=20, steps=100, resident=None)
     reference, _ = _run(comm, np, np.float64, check_interval=1, cells=20, steps=100)
-    assert (state.resident is not None) == (comm.size == 1) and (state.watch is not None) == (comm.size > 1)
+    # Default settings run device-resident: one GPU (apps.md.resident), two as slabs (apps.md.resident_slab).
+    assert state.resident is not None and state.watch is None
+    assert state.resident.summary().get("driver") == (None if comm.size == 1 else "slab")
     # Step 0: E_pair -6.7733681 and Press -5.0197073 (LAMMPS) to fp32 accuracy.
     assert fast[0, 2] == pytest.approx(-6.7733681, rel=1e-5) and fast[0, 4] == pytest.approx(-5.0197073, rel=1e-4)
     np.testing.assert_allclose(fast[:, 1:], reference[:, 1:], rtol=5e-4, atol=5e-4)

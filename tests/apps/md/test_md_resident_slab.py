@@ -1,0 +1,106 @@
+"""The slab driver (apps.md.resident_slab): device-side migration and ghosts between GPUs, as graphs.
+
+Most of its checks are the resident tests run on 2 ranks (tests/apps/md/test_md_resident.py: thermo
+against the CPU and the default GPU driver <= 1e-10 over 100 fp64 steps, list overflow redone bitwise,
+restart bitwise, reproducible runs). Here: the one-lane (k-major) list path, overflows of the message and
+row capacities redone bitwise, and (CPU, CI) the decompositions it refuses. GPU machine, 2 GPUs::
+
+    mpirun -np 2 python -m pytest tests/apps/md/test_md_resident_slab.py -q
+"""
+
+import numpy as np
+import pytest
+
+from apps.md import distributed, lattice, potential, resident, resident_slab, serial
+from hpcgpu.errors import ConfigurationError
+
+
+def _config(**changes):
+    settings = dict(potential=potential.lennard_jones(cutoff=2.5), skin=0.3, temperature=1.0, damping=0.5, seed=3)
+    settings.update(changes)
+    return serial.MDConfig(**settings)
+
+
+def _state(comm, xp, config, cells=8, dims=None, temperature=1.44):
+    from hpcgpu.particles import ParticleDomain
+
+    positions, atom_ids, box = lattice.make_lattice("fcc", 0.8442, (cells,) * 3)
+    velocities = lattice.thermal_velocities(atom_ids, np.ones(atom_ids.size), temperature, 87287)
+    domain = ParticleDomain(comm, box, config.ghost_width, dims=dims)
+    mine = domain.subbox.contains(positions)
+    return distributed.init(domain, positions[mine], velocities[mine], config, atom_ids=atom_ids[mine], xp=xp)
+
+
+def _run(state, config, steps, every=10):
+    samples = [tuple(distributed.thermo(state, config))]
+    for _ in range(steps):
+        want = (state.step + 1) % every == 0
+        distributed.step(state, config, compute_energy=want)
+        if want:
+            samples.append(tuple(distributed.thermo(state, config)))
+    distributed.settle(state, config)
+    return np.array(samples), distributed.gather_by_id(state)
+
+
+@pytest.mark.mpi(ranks=[4], timeout=120)
+def test_slab_driver_refuses_other_decompositions(comm):
+    config = _config(resident=None)
+    state = _state(comm, np, config, cells=8, dims=(2, 2, 1))
+    problems = resident.resident_problems(state, config)
+    assert any("slab decomposition" in p and "2x2x1" in p for p in problems), problems
+    with pytest.raises(ConfigurationError, match="slab decomposition"):
+        _state(comm, np, _config(resident=True), cells=8, dims=(2, 2, 1))
+
+
+@pytest.mark.mpi(ranks=[2], timeout=120)
+def test_slab_axis_and_thin_slabs(comm):
+    config = _config()
+    state = _state(comm, np, config, cells=8, dims=(1, 2, 1))
+    assert resident_slab.slab_axis(state.domain) == 1
+    assert resident_slab.slab_problems(state, config) == []
+    thin = _state(comm, np, config, cells=6, dims=(1, 1, 2))
+    assert resident_slab.slab_axis(thin.domain) == 2
+    assert resident_slab.slab_problems(thin, config) == []   # 5.04 sigma slabs: thicker than 2.8
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi(ranks=[2], timeout=300)
+def test_slab_one_lane_list_matches_default_driver(comm, cupy, monkeypatch):
+    """One thread per atom stores the list k-major (large systems); forced here on a small one."""
+    import hpcgpu
+
+    hpcgpu.arch.auto(comm, backend="cupy", allow_sharing=True)
+    monkeypatch.setattr(resident_slab, "lanes_per_atom", lambda n: 1)
+    config = _config(thermostat="langevin")
+    default, default_atoms = _run(_state(comm, cupy, _config(thermostat="langevin", resident=False)), config, 60)
+    state = _state(comm, cupy, _config(thermostat="langevin", resident=True))
+    slab, atoms = _run(state, config, 60)
+    assert state.resident.summary()["lanes_per_atom"] == 1
+    assert comm.allreduce(state.n_local) == 2048
+    np.testing.assert_allclose(slab[:, 1:], default[:, 1:], rtol=1e-10, atol=1e-10)
+    if comm.rank == 0:
+        np.testing.assert_allclose(atoms["velocities"], default_atoms["velocities"], atol=1e-9)
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi(ranks=[2], timeout=300)
+def test_slab_row_ghost_and_migrant_overflow_is_redone_to_the_same_bits(comm, cupy, monkeypatch):
+    """Rows for exactly today's atoms, 40 ghost rows and 2 migrants per side: far too few, grown and redone."""
+    import hpcgpu
+
+    hpcgpu.arch.auto(comm, backend="cupy", allow_sharing=True)
+    config = _config(thermostat="langevin", resident=True)
+    roomy_state = _state(comm, cupy, config, temperature=3.0)
+    roomy, roomy_atoms = _run(roomy_state, config, 60)
+    monkeypatch.setattr(resident_slab, "INITIAL_CAPACITIES", {"rows": 0, "ghost_rows": 40, "migrants": 2})
+    state = _state(comm, cupy, config, temperature=3.0)
+    tight, tight_atoms = _run(state, config, 60)
+    summary = state.resident.summary()
+    capacities = summary["capacities"]
+    assert summary["chunks_redone"] >= 1 and capacities["ghost_rows_per_side"] > 40
+    assert capacities["migrants_per_side"] > 2, summary
+    assert state.n_builds == roomy_state.n_builds
+    np.testing.assert_array_equal(tight, roomy)
+    if comm.rank == 0:
+        for name in ("positions", "velocities", "images"):
+            np.testing.assert_array_equal(tight_atoms[name], roomy_atoms[name], err_msg=name)
