@@ -499,10 +499,12 @@ class SlabResidentSteps:
         nccl.groupStart()
         for side, peer in ((1, self.peer["high"]), (0, self.peer["low"])):
             for send, _ in sides[side]:
-                self.nccl.send(send.data.ptr, *_type_and_count(send), peer, stream)
+                nccl_type, count = _type_and_count(send)
+                self.nccl.send(send.data.ptr, count, nccl_type, peer, stream)
         for side, peer in ((0, self.peer["low"]), (1, self.peer["high"])):
             for _, receive in sides[side]:
-                self.nccl.recv(receive.data.ptr, *_type_and_count(receive), peer, stream)
+                nccl_type, count = _type_and_count(receive)
+                self.nccl.recv(receive.data.ptr, count, nccl_type, peer, stream)
         nccl.groupEnd()
 
     def _record_build(self, copy_owned: bool, copy_ghosts: bool, count_build: bool) -> None:
