@@ -654,9 +654,9 @@ class SlabResidentSteps:
             self._grow(np.array([words[W_NEIGHBORS_NEEDED], words[W_CELL_NEEDED], 0, 0, 0, 0, 0, 0]))
 
     def _raise_flag(self) -> None:
+        """Before a build outside the graphs: empty cells, no recorded needs, the rebuild flag raised."""
         self.cell_count.fill(0)
-        self.words[W_NEIGHBORS_NEEDED] = 0
-        self.words[W_CELL_NEEDED] = 0
+        self.words[W_NEIGHBORS_NEEDED:W_LOST + 1] = 0
         self.watch[0] = 0
 
 
