@@ -41,7 +41,9 @@ from the device word ``words[W_OWNED]``).
 
 from __future__ import annotations
 
+import atexit
 import math
+import weakref
 
 import numpy as np
 
@@ -190,6 +192,7 @@ class SlabResidentSteps:
         self._publish(state, int(n))
         for energy_last in (False, True):
             self._graph(self.chunk, energy_last)
+        _LIVE.add(self)
 
     # -- the host-side step (as apps.md.resident.ResidentSteps) ----------------------------------------
     def step(self, state, compute_energy: bool, timers) -> None:
@@ -223,6 +226,15 @@ class SlabResidentSteps:
         self._forces(scratch, energy=True)
         n = state.n_local
         state.per_atom_energy, state.energy_step = (self.per_atom[0, :n], self.per_atom[1, :n]), state.step
+
+    def close(self) -> None:
+        """Wait for the device, then drop the graphs (they hold NCCL operations: they must go while the NCCL
+        communicator lives, not in the interpreter's teardown). Also run for every live instance at exit."""
+        import cupy
+
+        if self._graphs:
+            cupy.cuda.Device().synchronize()
+            self._graphs.clear()
 
     def summary(self) -> dict:
         return {"driver": "slab", "axis": "xyz"[self.axis], "chunk": self.chunk, "chunks": self.n_chunks,
@@ -658,6 +670,15 @@ class SlabResidentSteps:
         self.cell_count.fill(0)
         self.words[W_NEIGHBORS_NEEDED:W_LOST + 1] = 0
         self.watch[0] = 0
+
+
+_LIVE = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_instances() -> None:
+    for steps in list(_LIVE):
+        steps.close()
 
 
 def _real_name(dtype) -> str:
