@@ -21,14 +21,13 @@ md1() { timeout 90 python3 -m apps.md --backend cupy --cells 80 --steps 100 --pr
 md2() { timeout 150 mpirun -np 2 --bind-to none python3 -m apps.md --backend cupy --cells 160,80,80 --dims 2,1,1 --steps 100 \
           --precision fp32 --no-plot --resident ${1:-auto} --output $W/o2 --summary $W/s2.json > $W/m2.txt 2>&1
         show "2 GPUs 4.1M ${1:-auto}" $W/m2.txt $W/s2.json; }
-echo "== warm-up run (discarded) [$(el) s]"; md1 auto
 echo "== tests [$(el) s]"
-timeout 280 python3 -m pytest -q -p no:cacheprovider -m gpu -x tests/apps/md/test_md_resident_slab.py \
-  tests/apps/md/test_md_resident.py > $W/t.txt 2>&1; echo "rc=$?"
-grep -E "^(FAILED|ERROR)|Error|error:" $W/t.txt | head -20; tail -3 $W/t.txt
+timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests/apps/md/test_md_resident_slab.py \
+  tests/apps/md/test_md_resident.py tests/apps/md/test_md_distributed_gpu.py tests/apps/md/test_md_gpu_fast.py > $W/t.txt 2>&1
+echo "rc=$?"; grep -E "^(FAILED|ERROR)|Error|error:|\[rank" $W/t.txt | head -30; tail -2 $W/t.txt
 echo "== MD weak scaling [$(el) s]"
-for round in 1 2; do md2 auto; md1 auto; done
-md2 off
+md1 auto   # discarded (clocks)
+for round in 1 2 3; do md2 auto; md1 auto; done
 nvidia-smi --query-gpu=index,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
 echo "done [$(el) s]"
 rm -rf $W
