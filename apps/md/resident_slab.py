@@ -236,6 +236,15 @@ class SlabResidentSteps:
             cupy.cuda.Device().synchronize()
             self._graphs.clear()
 
+    def __del__(self):
+        # NCCL waits in ncclCommDestroy for the graphs that captured its operations; when this object and
+        # the communicator become garbage together (the state and this object refer to each other), the
+        # finalizer runs first and the graphs go before the communicator.
+        try:
+            self.close()
+        except Exception:   # noqa: BLE001 -- interpreter teardown: CuPy may be gone already
+            pass
+
     def summary(self) -> dict:
         return {"driver": "slab", "axis": "xyz"[self.axis], "chunk": self.chunk, "chunks": self.n_chunks,
                 "chunks_redone": self.n_redone, "lanes_per_atom": self.lanes, "graphs_captured": self.n_captures,
