@@ -460,8 +460,9 @@ class SlabResidentSteps:
         self._compaction_launch(_kernel("slab_scatter"), (self.masks, self.words, np.int32(self.row_capacity),
                                                           self.block_counts, *arguments, self.watch))
 
-    def _record_migration(self) -> None:
+    def _record_migration(self, mark=None) -> None:
         """[flag] classify -> leaving lists -> pack, fill gaps -> NCCL -> arrivals."""
+        mark = mark or (lambda name: None)
         dtype, real = self.positions.dtype, self.real
         rows, capacity = self.row_capacity, self.migrant_capacity
         self._compaction_launch(_kernel("slab_classify", dtype), (
@@ -476,10 +477,13 @@ class SlabResidentSteps:
             self.leaving_high, self.words, np.int32(capacity), self.migrants_out[0], self.migrants_out[1], self.watch))
         _kernel("slab_fill_gaps", dtype)((blocks_for(2 * capacity),), (THREADS_PER_BLOCK,), (
             *atoms, self.leaving, np.int32(2 * capacity), self.words, self.watch))
+        mark("[flag] classify, leaving lists, pack")
         self._exchange([(self.migrants_out[side], self.migrants_in[side]) for side in range(2)])
+        mark("NCCL migrants")
         _kernel("slab_unpack_migrants", dtype)((blocks_for(2 * capacity),), (THREADS_PER_BLOCK,), (
             *atoms, self.migrants_in[0], self.migrants_in[1], np.int32(capacity), self.words, np.int32(rows),
             self.watch))
+        mark("[flag] unpack migrants")
 
     def _record_ghost_lists(self, source) -> None:
         """[flag] owned rows near the slab faces (of ``source``) -> the two ghost send lists."""
@@ -490,8 +494,9 @@ class SlabResidentSteps:
         self._scatter(((self.send_low, self.ghost_capacity), (self.send_high, self.ghost_capacity), (None, 0),
                        (None, 0)))
 
-    def _record_ghost_exchange(self, source) -> None:
+    def _record_ghost_exchange(self, source, mark=None) -> None:
         """Every step: pack the send lists' rows of ``source`` and receive the neighbours' into the ghost rows."""
+        mark = mark or (lambda name: None)
         capacity, rows = self.ghost_capacity, self.row_capacity
         _kernel("slab_pack_ghosts", source.dtype)((blocks_for(2 * capacity),), (THREADS_PER_BLOCK,), (
             source, self.types, self.send_low, self.send_high, self.words, np.int32(capacity), np.int32(self.axis),
@@ -502,7 +507,9 @@ class SlabResidentSteps:
             pairs.append([(self.ghost_positions_out[side], self.positions[start:start + capacity]),
                           (self.ghost_types_out[side], self.types[start:start + capacity]),
                           (self.ghost_counts_out[side:side + 1], self.words[W_RECEIVED + side:W_RECEIVED + side + 1])])
+        mark("pack ghosts")
         self._exchange(pairs)
+        mark("NCCL ghosts")
 
     def _exchange(self, per_side) -> None:
         """One NCCL group: ``per_side[0]`` goes to the low neighbour and its receive buffers fill from the low
@@ -571,13 +578,15 @@ class SlabResidentSteps:
                 self.per_atom if energy else np.uint64(0), np.int32(1), *box, *inverse,
                 np.int32(self.lanes.bit_length() - 1), np.int32(self.lanes > 1), self.words[W_OWNED:]))
 
-    def _record_step(self, energy: bool) -> None:
-        """Queue one whole step (the chain in the module docstring)."""
+    def _record_step(self, energy: bool, mark=None) -> None:
+        """Queue one whole step (the chain in the module docstring). ``mark(name)``, if given, is called after
+        each part (benchmarks/md_slab_profile.py records CUDA events there; never inside a capture)."""
         import cupy
         from cupy.cuda import nccl
 
         from . import integrate, resident, watch
 
+        mark = mark or (lambda name: None)
         config = self.config
         dtype = self.positions.dtype
         real_name = _real_name(dtype)
@@ -589,13 +598,18 @@ class SlabResidentSteps:
             (blocks_for(rows),), (THREADS_PER_BLOCK,), (
                 self.positions, self.velocities, self.forces, self.masses, np.int32(rows), dtype.type(config.dt),
                 self.reference, np.float64((0.5 * config.skin) ** 2), np.int32(0), self.watch, self.counter, active))
+        mark("begin + first half")
         stream = cupy.cuda.get_current_stream().ptr
         self.nccl.allReduce(self.watch.data.ptr, self.watch.data.ptr, 1, nccl.NCCL_INT32, nccl.NCCL_MIN, stream)
-        self._record_migration()
+        mark("allreduce of the flag")
+        self._record_migration(mark)
         self._record_ghost_lists(self.positions)
-        self._record_ghost_exchange(self.positions)
+        mark("[flag] ghost lists")
+        self._record_ghost_exchange(self.positions, mark)
         self._record_build(copy_owned=True, copy_ghosts=True, count_build=True)
+        mark("[flag] bin, sort, neighbours")
         self._forces(self.forces, energy)
+        mark("forces")
         integrate_source, integrate_names = integrate._CUDA_SOURCE, integrate._NAMES
         if config.thermostat == "langevin":
             noise_scale = math.sqrt(2.0 * config.temperature / (config.damping * config.dt))
@@ -607,6 +621,7 @@ class SlabResidentSteps:
         raw_kernel(integrate_source, integrate_names, f"md_second_half<{real_name}>")(
             (blocks_for(rows),), (THREADS_PER_BLOCK,), (
                 self.velocities, self.forces, self.masses, np.int32(rows), dtype.type(config.dt), active))
+        mark("Langevin + second half")
 
     def _record_save(self) -> None:
         for name, array in self._snapshot_arrays().items():
