@@ -54,6 +54,7 @@ from ._arrays import THREADS_PER_BLOCK, blocks_for, raw_kernel
 from .cells import make_cell_grid
 from .forces import lanes_per_atom
 from .neighbors import GROWTH, NeighborList
+from .resident import DEFAULT_CHUNK, MAX_GRAPHS, _phase
 from .watch import NOT_EXCEEDED
 
 #: Device words (``words`` array; the kernels' #defines): see resident_slab_kernels.
@@ -64,8 +65,6 @@ N_WORDS = 20
 MIGRANT_WORDS = 12
 #: Threads per block of the compaction kernels (their TILE) and the most blocks they use.
 TILE, MAX_BLOCKS = 256, 1024
-DEFAULT_CHUNK = 25
-MAX_GRAPHS = 6
 #: Tests set {"rows": .., "ghost_rows": .., "migrants": ..} to start below what a run needs (overflow redo).
 INITIAL_CAPACITIES = None
 
@@ -708,9 +707,3 @@ def _close_live_instances() -> None:
 
 def _real_name(dtype) -> str:
     return "float" if np.dtype(dtype) == np.float32 else "double"
-
-
-def _phase(timers, name):
-    import contextlib
-
-    return contextlib.nullcontext() if timers is None else timers.phase(name)

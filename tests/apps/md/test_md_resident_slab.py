@@ -11,14 +11,9 @@ row capacities redone bitwise, and (CPU, CI) the decompositions it refuses. GPU 
 import numpy as np
 import pytest
 
-from apps.md import distributed, lattice, potential, resident, resident_slab, serial
+from apps.md import distributed, lattice, resident, resident_slab
 from hpcgpu.errors import ConfigurationError
-
-
-def _config(**changes):
-    settings = dict(potential=potential.lennard_jones(cutoff=2.5), skin=0.3, temperature=1.0, damping=0.5, seed=3)
-    settings.update(changes)
-    return serial.MDConfig(**settings)
+from test_md_resident import _config, _run   # the same settings and thermo sampling as the resident tests
 
 
 def _state(comm, xp, config, cells=8, dims=None, temperature=1.44):
@@ -29,17 +24,6 @@ def _state(comm, xp, config, cells=8, dims=None, temperature=1.44):
     domain = ParticleDomain(comm, box, config.ghost_width, dims=dims)
     mine = domain.subbox.contains(positions)
     return distributed.init(domain, positions[mine], velocities[mine], config, atom_ids=atom_ids[mine], xp=xp)
-
-
-def _run(state, config, steps, every=10):
-    samples = [tuple(distributed.thermo(state, config))]
-    for _ in range(steps):
-        want = (state.step + 1) % every == 0
-        distributed.step(state, config, compute_energy=want)
-        if want:
-            samples.append(tuple(distributed.thermo(state, config)))
-    distributed.settle(state, config)
-    return np.array(samples), distributed.gather_by_id(state)
 
 
 @pytest.mark.mpi(ranks=[4], timeout=120)
