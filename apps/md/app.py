@@ -110,11 +110,12 @@ def build_parser(rank: int = 0):
                                "checking every step (earlier crossings are replayed); with --resident, the steps "
                                "per graph and per host check [10 on a GPU (25 resident), 1 on the CPU]")
     neighbor.add_argument("--resident", choices=("auto", "on", "off"), default="auto",
-                          help="GPU, one rank: run whole steps, neighbour-list rebuilds included, on the device as "
-                               "CUDA graphs of --check-interval steps, with minimum-image periodic distances instead "
-                               "of ghost atoms (same physics, equal to rounding; needs a box of >= 3 cells of "
-                               "cutoff + skin per axis, no Nose-Hoover, --rebuild-every 1 with checks); auto = on "
-                               "where it applies [auto]")
+                          help="GPU: run whole steps, neighbour-list rebuilds included, on the device as CUDA "
+                               "graphs of --check-interval steps -- on one rank with minimum-image distances instead "
+                               "of ghost atoms, on several ranks cut into slabs (--dims P,1,1 or a permutation) with "
+                               "migration and ghosts on the device through NCCL (same physics, equal to rounding; "
+                               "needs >= 3 cells of cutoff + skin on every undivided axis, no Nose-Hoover, "
+                               "--rebuild-every 1 with checks); auto = on where it applies [auto]")
     neighbor.add_argument("--graph", choices=("auto", "on", "off"), default="auto",
                           help="GPU, one rank: replay the sync-free parts of each step as CUDA graphs (same results "
                                "bitwise); auto = on where it applies (no Nose-Hoover) [auto]")
