@@ -1,9 +1,10 @@
+"""Session 5 debugging aid: one slab-driver run (after a default-driver run, with tight capacities or one lane)
+under mpirun, progress lines per rank, a traceback dump if it hangs (mode: slab | default | tight | lanes1)."""
 import faulthandler, sys, time, os
 faulthandler.dump_traceback_later(35, exit=True)
-sys.path.insert(0, os.getcwd())
-import numpy as np
+sys.path[:0] = [os.getcwd(), os.path.join(os.getcwd(), "tests", "apps", "md")]
 import hpcgpu
-from tests.apps.md import test_md_resident_slab as t
+import test_md_resident_slab as t
 from apps.md import resident_slab
 comm = hpcgpu.Communicator()
 hpcgpu.arch.auto(comm, backend="cupy", allow_sharing=True)
