@@ -219,10 +219,12 @@ class SlabResidentSteps:
         self._verify(state, timers)
 
     def energy(self, state, forces) -> None:
-        """Per-atom E_pair and W of the current positions into ``state.per_atom_energy`` (``forces``: scratch)."""
+        """Per-atom E_pair and W of the current positions into ``state.per_atom_energy``.
+
+        ``forces`` (the caller's owned-rows scratch) is not used: the kernel writes a row-capacity array of
+        its own, ``_scratch_forces``, and the state's forces (Langevin terms included) stay as they are."""
         self.settle(state)
-        scratch = self._scratch_forces
-        self._forces(scratch, energy=True)
+        self._forces(self._scratch_forces, energy=True)
         n = state.n_local
         state.per_atom_energy, state.energy_step = (self.per_atom[0, :n], self.per_atom[1, :n]), state.step
 
@@ -676,7 +678,6 @@ class SlabResidentSteps:
             if not self._overflowed(needed):
                 break
             self._grow(needed)
-        self._saved = {name: array.copy() for name, array in self._snapshot_arrays().items()}
 
     def _build_from_reference(self) -> None:
         """Local: the list of the reference positions (owned and ghost rows), growing until it fits."""
