@@ -113,9 +113,14 @@ def build_parser(rank: int = 0):
                           help="GPU: run whole steps, neighbour-list rebuilds included, on the device as CUDA "
                                "graphs of --check-interval steps -- on one rank with minimum-image distances instead "
                                "of ghost atoms, on several ranks cut into slabs (--dims P,1,1 or a permutation) with "
-                               "migration and ghosts on the device through NCCL (same physics, equal to rounding; "
+                               "migration and ghosts on the device (see --exchange) (same physics, equal to rounding; "
                                "needs >= 3 cells of cutoff + skin on every undivided axis, no Nose-Hoover, "
                                "--rebuild-every 1 with checks); auto = on where it applies [auto]")
+    neighbor.add_argument("--exchange", choices=("auto", "peer", "nccl"), default="auto",
+                          help="resident steps on several GPUs (slabs): how ghost rows and migrating atoms reach the "
+                               "neighbouring GPUs -- peer: kernels store them straight into the neighbours' memory "
+                               "(CUDA IPC, GPUs of one node); nccl: NCCL send/receive; auto = peer when all ranks "
+                               "are on one node (same results either way) [auto]")
     neighbor.add_argument("--graph", choices=("auto", "on", "off"), default="auto",
                           help="GPU, one rank: replay the sync-free parts of each step as CUDA graphs (same results "
                                "bitwise); auto = on where it applies (no Nose-Hoover) [auto]")
@@ -149,7 +154,8 @@ def make_config(options) -> MDConfig:
                     thermostat=thermostat, temperature=target, damping=options.damping, seed=options.seed,
                     tail_correction=options.tail, check_interval=options.check_interval,
                     graph={"auto": None, "on": True, "off": False}[getattr(options, "graph", "auto")],
-                    resident={"auto": None, "on": True, "off": False}[getattr(options, "resident", "auto")])
+                    resident={"auto": None, "on": True, "off": False}[getattr(options, "resident", "auto")],
+                    exchange=getattr(options, "exchange", "auto"))
 
 
 def build_state(comm, arch, options, config):

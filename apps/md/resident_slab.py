@@ -12,17 +12,27 @@ again a fixed chain of kernels and NCCL calls, captured once and replayed as a C
     classify       [flag] wrap into the box; stays / leaves low / leaves high, counted per block
     scan, scatter  [flag] the leaving rows, in row order (stable compaction: deterministic)
     pack, fill     [flag] leaving atoms into the migrant messages; staying tail rows fill their gaps
-    exchange       NCCL: migrant messages to both slab neighbours (fixed size: the count travels inside)
+    exchange       [flag] migrant messages to both slab neighbours (the count travels inside)
     unpack         [flag] arrivals appended after the staying atoms; the owned count on the device
     select         [flag] owned atoms within cutoff + skin of each slab face -> ghost send lists
     pack ghosts    positions (+ a box length across the periodic boundary) and types of the send lists
-    exchange       NCCL: into the ghost rows of the neighbours (every step: refresh or new ghosts)
+    exchange       into the ghost rows of the neighbours (every step: refresh or new ghosts)
     bin, sort      [flag] owned + ghost rows into the cells of the slab plus its ghost shells
     neighbours     [flag] full list; minimum image on the two undivided (periodic) axes
     forces, [Langevin], second half   on the owned rows (the owned count read on the device)
 
-Kernels marked [flag] return at once on steps without a rebuild. NCCL messages have fixed sizes (their
-capacity); the counts travel inside them. Arrays have fixed capacities (owned rows, ghost rows per side,
+Kernels marked [flag] return at once on steps without a rebuild.
+
+The two exchanges (``MDConfig.exchange``): **peer** (default when every rank is on one node) -- the pack
+kernels store the ghost rows and migrant records straight into the neighbours' arrays, mapped with CUDA
+IPC, then a one-thread kernel raises a flag in each neighbour's memory and another waits for the
+neighbours' flags (monotonic sequence numbers; a wait gives up after PEER_TIMEOUT_SECONDS and the host
+raises). Only the atoms that move cross NVLink, and a step without a rebuild sends no migrant bytes.
+No buffer is overwritten early: a neighbour writes this rank's ghost rows and migrant buffer for step n
+only after the flag allreduce of step n, which this rank joins after its forces (the last reader) of step
+n - 1. **nccl** -- NCCL send/receive of fixed-size messages (their capacity; the counts travel inside),
+every step, for ranks on several nodes. Both move the same bytes into the same rows: the same results,
+bit for bit. Arrays have fixed capacities (owned rows, ghost rows per side,
 migrants per side, cell slots, list length); kernels record what they would have needed, the host reads
 those words once per chunk (one MPI allreduce of eight integers), and after an overflow on ANY rank every
 rank puts back the snapshot taken at the chunk start, grows what was short (message sizes on all ranks
@@ -58,7 +68,8 @@ from .resident import DEFAULT_CHUNK, MAX_GRAPHS, _phase
 from .watch import NOT_EXCEEDED
 
 #: Device words (``words`` array; the kernels' #defines): see resident_slab_kernels.
-W_BUILDS, W_NEIGHBORS_NEEDED, W_CELL_NEEDED, W_OWNED_NEEDED, W_GHOSTS_NEEDED, W_MIGRANTS_NEEDED, W_LOST = range(7)
+W_BUILDS, W_NEIGHBORS_NEEDED, W_CELL_NEEDED, W_OWNED_NEEDED, W_GHOSTS_NEEDED, W_MIGRANTS_NEEDED, W_LOST, \
+    W_PEER_TIMEOUT = range(8)
 W_OWNED, W_STAY, W_SEND, W_LEAVE, W_LEAVE_ALL, W_RECEIVED = 8, 9, 10, 12, 14, 16
 N_WORDS = 20
 #: Doubles per migrant record (x y z vx vy vz m ix iy iz id type).
@@ -67,6 +78,11 @@ MIGRANT_WORDS = 12
 TILE, MAX_BLOCKS = 256, 1024
 #: Tests set {"rows": .., "ghost_rows": .., "migrants": ..} to start below what a run needs (overflow redo).
 INITIAL_CAPACITIES = None
+#: Peer exchange: a wait kernel gives up after this many seconds without its neighbours' signal.
+PEER_TIMEOUT_SECONDS = 60.0
+#: Peer exchange flags and sequence numbers (uint64 words): migrants from low / high, ghosts from low / high;
+#: sequences: migrants sent / expected, ghosts sent / expected.
+F_MIGRANTS, F_GHOSTS = 0, 2
 
 
 def slab_axis(domain) -> int | None:
@@ -164,7 +180,8 @@ class SlabResidentSteps:
         largest = int(self.comm.allreduce(n, "max"))
         per_length = state.n_atoms / self.box[axis]   # atoms per sigma along the divided axis
         first_guess = {"rows": int(1.15 * largest) + 256, "ghost_rows": int(1.3 * per_length * self.width) + 256,
-                       "migrants": int(per_length * 0.5 * config.skin) + 256}
+                       "migrants": max(int(per_length * 0.5 * config.skin), self._near_faces(state, config.skin))
+                       + 256}
         first_guess.update(INITIAL_CAPACITIES or {})
         self.row_capacity = max(int(first_guess["rows"]), largest)
         self.ghost_capacity = int(first_guess["ghost_rows"])
@@ -186,12 +203,27 @@ class SlabResidentSteps:
         self._allocate_atoms(state, n)
         self._allocate_lists()
         self._load_kernels(dtype)
+        self.peer_flags = cupy.zeros(4, dtype=cupy.uint64)      # written by the neighbours only
+        self.peer_sequence = cupy.zeros(4, dtype=cupy.uint64)   # this rank's counts of signals and waits
+        self.peer_exchange = self._choose_exchange(config.exchange)
         self._nccl_warm_up()
         self._initial_ghosts_and_list()
         self._publish(state, int(n))
         for energy_last in (False, True):
             self._graph(self.chunk, energy_last)
         _LIVE.add(self)
+
+    def _near_faces(self, state, distance: float) -> int:
+        """Collective: the most owned atoms within ``distance`` of one slab face, over faces and ranks.
+
+        A lattice start puts whole lattice planes on the slab faces: about half of such a plane crosses at
+        the first rebuild, several times the migrants of a liquid (and a chunk redone, graphs captured
+        again, if the messages were sized for a liquid)."""
+        edges, coordinate = state.domain.edges[self.axis], state.domain.coords[self.axis]
+        lower, upper = float(edges[coordinate]), float(edges[coordinate + 1])
+        along = state.positions[:state.n_local, self.axis]
+        near = max(int((along < lower + distance).sum()), int((along >= upper - distance).sum()))
+        return int(self.comm.allreduce(near, "max"))
 
     # -- the host-side step (as apps.md.resident.ResidentSteps) ----------------------------------------
     def step(self, state, compute_energy: bool, timers) -> None:
@@ -247,7 +279,8 @@ class SlabResidentSteps:
             pass
 
     def summary(self) -> dict:
-        return {"driver": "slab", "axis": "xyz"[self.axis], "chunk": self.chunk, "chunks": self.n_chunks,
+        return {"driver": "slab", "axis": "xyz"[self.axis], "exchange": "peer" if self.peer_exchange else "nccl",
+                "chunk": self.chunk, "chunks": self.n_chunks,
                 "chunks_redone": self.n_redone, "lanes_per_atom": self.lanes, "graphs_captured": self.n_captures,
                 "cells": list(self.cells), "capacities": {
                     "rows": self.row_capacity, "ghost_rows_per_side": self.ghost_capacity,
@@ -264,6 +297,7 @@ class SlabResidentSteps:
             needed = self._needed(words)
             with _phase(timers, "communication"):
                 needed = self._global_max(needed)
+            self._check_peer_timeout(needed)
             if not self._overflowed(needed):
                 if needed[6] > 0:   # after an overflow the chunk is redone: only a chunk that fitted counts
                     from hpcgpu.errors import ConfigurationError
@@ -286,15 +320,15 @@ class SlabResidentSteps:
             state.per_atom_energy, state.energy_step = (self.per_atom[0, :n], self.per_atom[1, :n]), end_step
 
     def _needed(self, words) -> np.ndarray:
-        """[neighbours, cell slots, rows, ghost rows, migrants, 0, lost, 0]: what this rank's chunk needed
-        beyond its capacities (0 where it fitted)."""
+        """[neighbours, cell slots, rows, ghost rows, migrants, 0, lost, peer wait timed out]: what this rank's
+        chunk needed beyond its capacities (0 where it fitted), atoms lost, a failed peer exchange."""
         needed = np.zeros(8, dtype=np.int64)
         if words[W_NEIGHBORS_NEEDED] > self.neighbor_capacity:
             needed[0] = words[W_NEIGHBORS_NEEDED]
         if words[W_CELL_NEEDED] > self.cell_capacity:
             needed[1] = words[W_CELL_NEEDED]
         needed[2], needed[3], needed[4] = words[W_OWNED_NEEDED], words[W_GHOSTS_NEEDED], words[W_MIGRANTS_NEEDED]
-        needed[6] = words[W_LOST]
+        needed[6], needed[7] = words[W_LOST], words[W_PEER_TIMEOUT]
         return needed
 
     def _global_max(self, needed) -> np.ndarray:
@@ -303,6 +337,14 @@ class SlabResidentSteps:
 
         self.comm.mpi.Allreduce(MPI.IN_PLACE, needed, op=MPI.MAX)
         return needed
+
+    @staticmethod
+    def _check_peer_timeout(needed) -> None:
+        if needed[7] > 0:
+            from hpcgpu.errors import HaloError
+
+            raise HaloError(f"a slab neighbour's signal did not come within {PEER_TIMEOUT_SECONDS:g} s (peer "
+                            "exchange over CUDA IPC); rerun with --exchange nccl and report this")
 
     @staticmethod
     def _overflowed(needed) -> bool:
@@ -327,6 +369,8 @@ class SlabResidentSteps:
         self.reallocations += 1
         self._graphs.clear()
         cupy.cuda.get_current_stream().synchronize()
+        if self.peer_exchange:
+            self._map_peers()   # collective: every rank grows at once
 
     def _relayout(self, rows: int, ghosts: int) -> None:
         """Copy the atom arrays into larger ones: owned rows stay, each ghost segment moves to its new start."""
@@ -473,14 +517,21 @@ class SlabResidentSteps:
         self._scatter(((None, 0), (self.leaving_low, capacity), (self.leaving_high, capacity),
                        (self.leaving, 2 * capacity)))
         atoms = (self.positions, self.velocities, self.masses, self.images, self.atom_ids, self.types)
+        if self.peer_exchange:   # straight into the neighbours' receive buffers
+            destinations = tuple(np.uint64(self._remote[side]["migrants"]) for side in range(2))
+        else:
+            destinations = (self.migrants_out[0], self.migrants_out[1])
         _kernel("slab_pack_migrants", dtype)((blocks_for(2 * capacity),), (THREADS_PER_BLOCK,), (
             self.positions, self.velocities, self.masses, self.images, self.atom_ids, self.types, self.leaving_low,
-            self.leaving_high, self.words, np.int32(capacity), self.migrants_out[0], self.migrants_out[1], self.watch))
+            self.leaving_high, self.words, np.int32(capacity), *destinations, self.watch))
         _kernel("slab_fill_gaps", dtype)((blocks_for(2 * capacity),), (THREADS_PER_BLOCK,), (
             *atoms, self.leaving, np.int32(2 * capacity), self.words, self.watch))
         mark("[flag] classify, leaving lists, pack")
-        self._exchange([(self.migrants_out[side], self.migrants_in[side]) for side in range(2)])
-        mark("NCCL migrants")
+        if self.peer_exchange:
+            self._signal_and_wait(F_MIGRANTS, only_on_rebuild=True)
+        else:
+            self._exchange([(self.migrants_out[side], self.migrants_in[side]) for side in range(2)])
+        mark("migrants exchanged")
         _kernel("slab_unpack_migrants", dtype)((blocks_for(2 * capacity),), (THREADS_PER_BLOCK,), (
             *atoms, self.migrants_in[0], self.migrants_in[1], np.int32(capacity), self.words, np.int32(rows),
             self.watch))
@@ -499,18 +550,102 @@ class SlabResidentSteps:
         """Every step: pack the send lists' rows of ``source`` and receive the neighbours' into the ghost rows."""
         mark = mark or (lambda name: None)
         capacity, rows = self.ghost_capacity, self.row_capacity
+        if self.peer_exchange:   # straight into the neighbours' ghost rows (of positions, as NCCL receives)
+            destinations = [np.uint64(self._remote[side][key]) for key in ("positions", "types", "count")
+                            for side in range(2)]
+        else:
+            destinations = [self.ghost_positions_out[0], self.ghost_positions_out[1], self.ghost_types_out[0],
+                            self.ghost_types_out[1], self.ghost_counts_out[0:1], self.ghost_counts_out[1:2]]
         _kernel("slab_pack_ghosts", source.dtype)((blocks_for(2 * capacity),), (THREADS_PER_BLOCK,), (
             source, self.types, self.send_low, self.send_high, self.words, np.int32(capacity), np.int32(self.axis),
-            *self.shifts, self.ghost_positions_out, self.ghost_types_out, self.ghost_counts_out))
+            *self.shifts, *destinations))
+        mark("pack ghosts")
+        if self.peer_exchange:
+            self._signal_and_wait(F_GHOSTS, only_on_rebuild=False)
+            mark("ghosts exchanged")
+            return
         pairs = []
         for side in range(2):
             start = rows + side * capacity
             pairs.append([(self.ghost_positions_out[side], self.positions[start:start + capacity]),
                           (self.ghost_types_out[side], self.types[start:start + capacity]),
                           (self.ghost_counts_out[side:side + 1], self.words[W_RECEIVED + side:W_RECEIVED + side + 1])])
-        mark("pack ghosts")
         self._exchange(pairs)
-        mark("NCCL ghosts")
+        mark("ghosts exchanged")
+
+    def _signal_and_wait(self, kind: int, only_on_rebuild: bool) -> None:
+        """Peer exchange: tell both neighbours that this rank's stores into their memory are done, then wait
+        for theirs (``kind``: F_MIGRANTS or F_GHOSTS)."""
+        sequence, flags = self.peer_sequence, self.peer_flags
+        _kernel("slab_signal")((1,), (1,), (sequence[kind:], np.uint64(self._remote[0][f"flag{kind}"]),
+                                            np.uint64(self._remote[1][f"flag{kind}"]), np.int32(only_on_rebuild),
+                                            self.watch))
+        _kernel("slab_wait")((1,), (1,), (sequence[kind + 1:], flags[kind:], np.int32(only_on_rebuild), self.watch,
+                                          self.words, np.float64(PEER_TIMEOUT_SECONDS)))
+
+    def _choose_exchange(self, mode: str) -> bool:
+        """Collective: True for the peer exchange (stores into the neighbours' memory, mapped with CUDA IPC:
+        all ranks on one node), False for NCCL send/receive. ``mode``: "auto", "peer" or "nccl"."""
+        from hpcgpu.errors import ConfigurationError
+
+        if mode == "nccl":
+            return False
+        if self.comm.n_nodes > 1:
+            if mode == "peer":
+                raise ConfigurationError(f"exchange 'peer' maps the neighbours' GPU memory (CUDA IPC): every rank "
+                                         f"must run on one node, this job has {self.comm.n_nodes}; use auto or nccl")
+            return False
+        try:
+            self._map_peers()   # the same outcome on every rank
+        except RuntimeError as error:
+            if mode == "peer":
+                raise ConfigurationError(f"exchange 'peer': CUDA IPC mapping failed ({error}); use nccl") from error
+            return False
+        return True
+
+    def _map_peers(self) -> None:
+        """Collective: map each neighbour's receiving memory (its ghost rows of positions, ghost types,
+        received-count word, migrant buffer and flags, on the side facing this rank). Again after every
+        growth (new arrays). Raises the same error on every rank when any rank fails."""
+        import cupy
+
+        from hpcgpu.transport.cuda_ipc import export_pointer, open_peer_pointer
+
+        def on_every_rank(work):
+            """Run ``work()`` here, then agree: every rank gets [results] or the same RuntimeError."""
+            try:
+                result, failure = work(), ""
+            except Exception as error:   # noqa: BLE001 -- reported on every rank below
+                result, failure = None, f"rank {self.comm.rank}: {type(error).__name__}: {error}"
+            everyone = self.comm.mpi.allgather((result, failure))
+            failures = [f for _, f in everyone if f]
+            if failures:
+                raise RuntimeError(failures[0])
+            return [r for r, _ in everyone]
+
+        rows, capacity = self.row_capacity, self.ghost_capacity
+        flag_bytes = self.peer_flags.itemsize
+
+        def export():
+            mine = []
+            for side in range(2):   # what a neighbour on this side writes into
+                first_ghost = rows + side * capacity
+                mine.append({
+                    "positions": self.positions.data.ptr + first_ghost * 3 * self.positions.itemsize,
+                    "types": self.types.data.ptr + first_ghost * self.types.itemsize,
+                    "count": self.words.data.ptr + (W_RECEIVED + side) * self.words.itemsize,
+                    "migrants": self.migrants_in[side].data.ptr,
+                    f"flag{F_MIGRANTS}": self.peer_flags.data.ptr + (F_MIGRANTS + side) * flag_bytes,
+                    f"flag{F_GHOSTS}": self.peer_flags.data.ptr + (F_GHOSTS + side) * flag_bytes})
+            return [{key: export_pointer(address) for key, address in entry.items()} for entry in mine]
+
+        everyone = on_every_rank(export)
+        # this rank's low neighbour receives what goes low on ITS high side, and the other way round
+        self._remote = on_every_rank(lambda: [
+            {key: open_peer_pointer(value) for key, value in everyone[self.peer[name]][1 - side].items()}
+            for side, name in enumerate(("low", "high"))])[self.comm.rank]
+        cupy.cuda.Device().synchronize()
+        self.comm.barrier()
 
     def _exchange(self, per_side) -> None:
         """One NCCL group: ``per_side[0]`` goes to the low neighbour and its receive buffers fill from the low
@@ -661,20 +796,27 @@ class SlabResidentSteps:
         stream = cupy.cuda.get_current_stream().ptr
         probe = cupy.zeros(1, dtype=cupy.int32)
         self.nccl.allReduce(probe.data.ptr, probe.data.ptr, 1, nccl.NCCL_INT32, nccl.NCCL_MIN, stream)
-        self._exchange([(self.migrants_out[side], self.migrants_in[side]) for side in range(2)])
+        if not self.peer_exchange:
+            self._exchange([(self.migrants_out[side], self.migrants_in[side]) for side in range(2)])
         cupy.cuda.get_current_stream().synchronize()
 
     def _initial_ghosts_and_list(self) -> None:
         """Collective: the ghosts of the last build (from the reference positions), the list of that build,
         then the ghosts' current positions. Grows (on every rank alike) until everything fits."""
+        import cupy
+
         while True:
             self._raise_flag()
             self._record_ghost_lists(self.reference)
             self._record_ghost_exchange(self.reference)
             self._record_build(copy_owned=False, copy_ghosts=True, count_build=False)
             self.watch[0] = NOT_EXCEEDED
+            if self.peer_exchange:   # the build above reads the ghost rows the neighbours write next
+                cupy.cuda.Device().synchronize()
+                self.comm.barrier()
             self._record_ghost_exchange(self.positions)
             needed = self._global_max(self._needed(self.words.get()))
+            self._check_peer_timeout(needed)
             if not self._overflowed(needed):
                 break
             self._grow(needed)

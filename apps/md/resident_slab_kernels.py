@@ -16,12 +16,14 @@ _CUDA_SOURCE = r"""
 #define TILE 256
 /* words[]: 0 builds, 1 neighbours needed, 2 cell slots needed (the one-GPU kernels' control words),
    3 owned rows needed, 4 ghost rows needed (per side), 5 migrants needed (per side), 6 atoms lost,
+   7 a peer-exchange wait timed out,
    8 owned atoms, 9 staying atoms, 10/11 ghost rows to send low/high, 12/13 leaving low/high,
    14 leaving (both sides), 16/17 ghost rows received from low/high. */
 #define W_OWNED_NEEDED 3
 #define W_GHOSTS_NEEDED 4
 #define W_MIGRANTS_NEEDED 5
 #define W_LOST 6
+#define W_PEER_TIMEOUT 7
 #define W_OWNED 8
 #define W_STAY 9
 #define W_SEND 10
@@ -293,27 +295,72 @@ __global__ void slab_unpack_migrants(real* __restrict__ positions, real* __restr
 
 /* Every step: the ghost rows for each neighbour, from `source` (positions; reference positions when a
    list is rebuilt from them), shifted by a box length across the periodic boundary. Threads: 2 * capacity.
-   send_positions (2, capacity, 3), send_types (2, capacity), send_counts (2). */
+   Destinations per side (low, high): positions (capacity, 3), types (capacity), one count word -- this
+   rank's send buffers (NCCL), or the neighbours' own ghost rows and received-count words, mapped from
+   their memory (peer exchange: the stores go over NVLink). */
 template <typename real>
 __global__ void slab_pack_ghosts(const real* __restrict__ source, const int* __restrict__ types,
                                  const int* __restrict__ send_low, const int* __restrict__ send_high,
                                  int* __restrict__ words, int capacity, int axis, real shift_low, real shift_high,
-                                 real* __restrict__ send_positions, int* __restrict__ send_types,
-                                 int* __restrict__ send_counts) {
+                                 real* __restrict__ positions_low, real* __restrict__ positions_high,
+                                 int* __restrict__ types_low, int* __restrict__ types_high,
+                                 int* __restrict__ count_low, int* __restrict__ count_high) {
     const int t = blockDim.x * blockIdx.x + threadIdx.x;
     if (t >= 2 * capacity) return;
     const int side = t / capacity, k = t % capacity;
     const int count = words[W_SEND + side];
     if (k == 0) {
-        send_counts[side] = min(count, capacity);
+        *(side ? count_high : count_low) = min(count, capacity);
         if (count > capacity) atomicMax(words + W_GHOSTS_NEEDED, count);
     }
     if (k >= min(count, capacity)) return;
     const int i = (side ? send_high : send_low)[k];
     const real shift = side ? shift_high : shift_low;
-    real* out = send_positions + 3 * (long long)t;
+    real* out = (side ? positions_high : positions_low) + 3 * (long long)k;
     for (int a = 0; a < 3; ++a) out[a] = source[3 * i + a] + (a == axis ? shift : real(0));
-    send_types[t] = types[i];
+    (side ? types_high : types_low)[k] = types[i];
+}
+
+/* Peer exchange, after the stores into the neighbours' memory (the kernel before this one on the stream):
+   raise this rank's sequence number `sequence[0]` and publish it into one flag in each neighbour's memory
+   (flag_low: the low neighbour's "from high" flag, and the other way round). With `only_on_rebuild`
+   ([flag] messages: the migrants) nothing happens on a step without a rebuild, on every rank alike. */
+extern "C" __global__ void slab_signal(unsigned long long* __restrict__ sequence, unsigned long long* flag_low,
+                                       unsigned long long* flag_high, int only_on_rebuild,
+                                       const int* __restrict__ watch) {
+    if (only_on_rebuild && watch[0] == NOT_EXCEEDED) return;
+    const unsigned long long value = ++sequence[0];
+    __threadfence_system();
+    *(volatile unsigned long long*)flag_low = value;
+    *(volatile unsigned long long*)flag_high = value;
+}
+
+/* Peer exchange: raise the expected sequence number `sequence[0]` and wait until both flags (this rank's
+   memory, written by the neighbours' slab_signal: from low, from high) reach it. Gives up after about
+   `timeout_seconds` (a neighbour that never signals: a bug or a dead rank), records that in
+   words[W_PEER_TIMEOUT] -- the host's check of the chunk raises -- and from then on waits no more. */
+extern "C" __global__ void slab_wait(unsigned long long* __restrict__ sequence, const unsigned long long* flags,
+                                     int only_on_rebuild, const int* __restrict__ watch, int* words,
+                                     double timeout_seconds) {
+    if (only_on_rebuild && watch[0] == NOT_EXCEEDED) return;
+    const unsigned long long value = ++sequence[0];
+    if (*(volatile int*)(words + W_PEER_TIMEOUT)) return;
+    unsigned long long started;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(started));
+    const unsigned long long limit = (unsigned long long)(timeout_seconds * 1e9);
+    for (int side = 0; side < 2; ++side) {
+        const volatile unsigned long long* flag = flags + side;
+        while (*flag < value) {
+            unsigned long long now;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+            if (now - started > limit) {
+                *(volatile int*)(words + W_PEER_TIMEOUT) = 1;
+                return;
+            }
+            __nanosleep(256);
+        }
+    }
+    __threadfence_system();
 }
 
 /* [flag] Bin the owned rows [0, n_owned) and the ghost rows (low: [n_rows, n_rows + received_low), high:
@@ -351,7 +398,7 @@ __global__ void slab_bin(const real* __restrict__ positions, real* __restrict__ 
 }
 """
 
-_NAMES = ("slab_scan", "slab_scatter",
+_NAMES = ("slab_scan", "slab_scatter", "slab_signal", "slab_wait",
           *(f"{kernel}<{real}>" for kernel in ("slab_classify", "slab_select_ghosts", "slab_pack_migrants",
                                                "slab_fill_gaps", "slab_unpack_migrants", "slab_pack_ghosts", "slab_bin")
             for real in ("float", "double")))

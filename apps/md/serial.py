@@ -37,6 +37,8 @@ from .potential import LennardJones, tail_corrections
 from .thermo import Thermo, degrees_of_freedom, kinetic_energy, thermo_sample
 
 THERMOSTATS = (None, "langevin", "nose_hoover")
+#: Ways the slab driver moves ghost rows and migrants between GPUs (MDConfig.exchange).
+EXCHANGES = ("auto", "peer", "nccl")
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,10 @@ class MDConfig:
         included, on the device as graphs of ``check_interval`` (default 25) steps (:mod:`apps.md.resident`;
         the same physics, equal to rounding); None = wherever it applies, True = required (an error
         says why it cannot), False = off (then ``graph`` decides)
+    exchange : "auto", "peer" or "nccl" -- device-resident steps on several GPUs (slabs,
+        :mod:`apps.md.resident_slab`): how ghost rows and migrating atoms reach the neighbours. "peer": kernels
+        store them straight into the neighbours' memory (CUDA IPC, GPUs of one node); "nccl": NCCL
+        send/receive of fixed-size messages; "auto": peer when every rank is on one node. Same results.
     """
 
     potential: LennardJones
@@ -82,10 +88,13 @@ class MDConfig:
     check_interval: int | None = None
     graph: bool | None = None
     resident: bool | None = None
+    exchange: str = "auto"
 
     def __post_init__(self):
         if self.thermostat not in THERMOSTATS:
             raise ConfigurationError(f"thermostat: expected one of {THERMOSTATS}, found {self.thermostat!r}")
+        if self.exchange not in EXCHANGES:
+            raise ConfigurationError(f"exchange: expected one of {EXCHANGES}, found {self.exchange!r}")
         if self.check_interval is not None and not int(self.check_interval) >= 1:
             raise ConfigurationError(f"check_interval: expected an integer >= 1 or None, found {self.check_interval}")
         if not (self.dt > 0 and self.skin >= 0 and self.rebuild_every >= 1 and self.sort_every >= 0):

@@ -8,6 +8,8 @@ W=$(mktemp -d); T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 nvidia-smi --query-gpu=index,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
 echo "== slab step profile [$(el) s]"
 timeout 150 mpirun -np 2 --bind-to none python3 benchmarks/md_slab_profile.py --cells 80 --steps 100 2>&1 | tail -24
+echo "== one-GPU step profile [$(el) s]"
+timeout 120 python3 benchmarks/md_resident_profile.py --cells 80 --steps 100 2>&1 | tail -20
 echo "== MD GPU tests on 2 ranks (slab driver) [$(el) s]"
 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -k ranks2 tests/apps/md > $W/t.txt 2>&1; echo "rc=$?"
 grep -E "^(FAILED|ERROR)" $W/t.txt | head; tail -1 $W/t.txt

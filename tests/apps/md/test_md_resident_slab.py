@@ -2,8 +2,10 @@
 
 Most of its checks are the resident tests run on 2 ranks (tests/apps/md/test_md_resident.py: thermo
 against the CPU and the default GPU driver <= 1e-10 over 100 fp64 steps, list overflow redone bitwise,
-restart bitwise, reproducible runs). Here: the one-lane (k-major) list path, overflows of the message and
-row capacities redone bitwise, and (CPU, CI) the decompositions it refuses. GPU machine, 2 GPUs::
+restart bitwise, reproducible runs; on one node they use the peer exchange). Here: the peer exchange
+(CUDA IPC stores) against NCCL's send/receive, bit for bit; the one-lane (k-major) list path; overflows of
+the message and row capacities redone bitwise with either exchange; and (CPU, CI) the decompositions it
+refuses and the exchange settings it rejects. GPU machine, 2 GPUs::
 
     mpirun -np 2 python -m pytest tests/apps/md/test_md_resident_slab.py -q
 """
@@ -47,6 +49,37 @@ def test_slab_axis_and_thin_slabs(comm):
     assert resident_slab.slab_problems(thin, config) == []   # 5.04 sigma slabs: thicker than 2.8
 
 
+@pytest.mark.mpi(ranks=[1], timeout=60)
+def test_exchange_setting_is_checked(comm):
+    with pytest.raises(ConfigurationError, match="exchange"):
+        _config(exchange="mpi")
+    assert _config(exchange="nccl").exchange == "nccl" and _config().exchange == "auto"
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi(ranks=[2], timeout=300)
+def test_peer_exchange_equals_nccl_bit_for_bit(comm, cupy):
+    """Hot (T = 3) Langevin run: atoms cross the slab faces at most rebuilds; both exchanges move the same
+    bytes into the same rows, so every bit agrees."""
+    import hpcgpu
+
+    hpcgpu.arch.auto(comm, backend="cupy", allow_sharing=True)
+    runs = {}
+    for exchange in ("nccl", "peer"):
+        config = _config(thermostat="langevin", resident=True, exchange=exchange)
+        state = _state(comm, cupy, config, temperature=3.0)
+        runs[exchange] = _run(state, config, 100)
+        summary = state.resident.summary()
+        assert summary["exchange"] == exchange and summary["chunks_redone"] == 0, summary
+        runs[exchange] += (state.n_builds,)
+        state.resident.close()
+    np.testing.assert_array_equal(runs["peer"][0], runs["nccl"][0])
+    assert runs["peer"][2] == runs["nccl"][2] >= 5
+    if comm.rank == 0:
+        for name in ("positions", "velocities", "images", "atom_ids"):
+            np.testing.assert_array_equal(runs["peer"][1][name], runs["nccl"][1][name], err_msg=name)
+
+
 @pytest.mark.gpu
 @pytest.mark.mpi(ranks=[2], timeout=300)
 def test_slab_one_lane_list_matches_default_driver(comm, cupy, monkeypatch):
@@ -68,18 +101,21 @@ def test_slab_one_lane_list_matches_default_driver(comm, cupy, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.mpi(ranks=[2], timeout=300)
-def test_slab_row_ghost_and_migrant_overflow_is_redone_to_the_same_bits(comm, cupy, monkeypatch):
-    """Rows for exactly today's atoms, 40 ghost rows and 2 migrants per side: far too few, grown and redone."""
+@pytest.mark.parametrize("exchange", ["peer", "nccl"])
+def test_slab_row_ghost_and_migrant_overflow_is_redone_to_the_same_bits(comm, cupy, monkeypatch, exchange):
+    """Rows for exactly today's atoms, 40 ghost rows and 2 migrants per side: far too few, grown and redone
+    (with the peer exchange the neighbours' memory is mapped again after each growth)."""
     import hpcgpu
 
     hpcgpu.arch.auto(comm, backend="cupy", allow_sharing=True)
-    config = _config(thermostat="langevin", resident=True)
+    config = _config(thermostat="langevin", resident=True, exchange=exchange)
     roomy_state = _state(comm, cupy, config, temperature=3.0)
     roomy, roomy_atoms = _run(roomy_state, config, 60)
     monkeypatch.setattr(resident_slab, "INITIAL_CAPACITIES", {"rows": 0, "ghost_rows": 40, "migrants": 2})
     state = _state(comm, cupy, config, temperature=3.0)
     tight, tight_atoms = _run(state, config, 60)
     summary = state.resident.summary()
+    assert summary["exchange"] == exchange
     capacities = summary["capacities"]
     assert summary["chunks_redone"] >= 1 and capacities["ghost_rows_per_side"] > 40
     assert capacities["migrants_per_side"] > 2, summary
