@@ -238,6 +238,13 @@ def run_torch(comm, arch, options, precision):
             torch.cuda.synchronize()
             rounds.append(time.perf_counter() - started)
         alone = comm.allreduce(float(np.median(rounds[1:])), op="max")
+        pairs = [(seconds, local_seconds)]
+        for _ in range(options.rounds - 1):
+            pairs.append((timed(True, options.steps)[0], timed(False, options.steps)[0]))
+        if len(pairs) > 1:
+            efficiencies = [local / together for together, local in pairs]
+            result.update(round_efficiencies=efficiencies, median_efficiency=float(np.median(efficiencies)),
+                          round_step_ms=[[1e3 * t for t in pair] for pair in pairs])
         exposed = max(0.0, seconds - local_seconds)
         result.update(step_without_comm_ms=1e3 * local_seconds, allreduce_alone_ms=1e3 * alone,
                       exposed_ms=1e3 * exposed, hidden_fraction=_hidden(exposed, alone))
