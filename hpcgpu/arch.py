@@ -86,12 +86,13 @@ class GPU:
         self.reason = reason
         self.device = cupy.cuda.Device(device_id)
         self.device.use()
-        self.compute_stream = cupy.cuda.Stream(non_blocking=True)
         # CUDA clamps a priority outside the device's range to the nearest valid one, so a very
-        # negative value gives the highest priority the device offers (-5 on Hopper).
-        # HPCGPU_COMM_STREAM_PRIORITY=normal gives it the default priority instead (for measurements).
-        high = os.environ.get("HPCGPU_COMM_STREAM_PRIORITY", "high") != "normal"
-        self.comm_stream = cupy.cuda.Stream(non_blocking=True, priority=-100 if high else 0)
+        # negative value gives the highest priority the device offers (-5 on Hopper; 0 is the lowest).
+        # HPCGPU_COMM_STREAM_PRIORITY (for measurements): high (default) = communication above compute,
+        # normal = both at the default priority, low = compute above communication.
+        priority = os.environ.get("HPCGPU_COMM_STREAM_PRIORITY", "high")
+        self.compute_stream = cupy.cuda.Stream(non_blocking=True, priority=-100 if priority == "low" else 0)
+        self.comm_stream = cupy.cuda.Stream(non_blocking=True, priority=-100 if priority == "high" else 0)
         self.compute_stream.use()
         from hpcgpu.runtime.device import gpu_identity
 
