@@ -36,7 +36,7 @@ from hpcgpu.particles import ParticleDomain
 
 from . import distributed, system
 from .potential import lennard_jones
-from .serial import MDConfig
+from .serial import EXCHANGES, MDConfig
 from .thermo import format_thermo, thermo_header
 
 DESCRIPTION = """\
@@ -116,7 +116,7 @@ def build_parser(rank: int = 0):
                                "migration and ghosts on the device (see --exchange) (same physics, equal to rounding; "
                                "needs >= 3 cells of cutoff + skin on every undivided axis, no Nose-Hoover, "
                                "--rebuild-every 1 with checks); auto = on where it applies [auto]")
-    neighbor.add_argument("--exchange", choices=("auto", "peer", "nccl"), default="auto",
+    neighbor.add_argument("--exchange", choices=EXCHANGES, default="auto",
                           help="resident steps on several GPUs (slabs): how ghost rows and migrating atoms reach the "
                                "neighbouring GPUs -- peer: kernels store them straight into the neighbours' memory "
                                "(CUDA IPC, GPUs of one node); nccl: NCCL send/receive; auto = peer when all ranks "
