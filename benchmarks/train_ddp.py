@@ -66,12 +66,70 @@ def parse_arguments(argv=None):
                              "steps without communication (each rank alone: a one-GPU run on the same GPUs at the "
                              "same moment); reports each pair's scaling efficiency t(alone) / t(data-parallel) and "
                              "their median, immune to the host's drift between separate jobs [1]")
+    parser.add_argument("--clocks", action="store_true",
+                        help="sample this rank's GPU (NVML, every 20 ms) during the in-process pairs: mean SM "
+                             "clock, power and how often the power cap held the clocks, with and without "
+                             "communication (needs nvidia-ml-py)")
     parser.add_argument("--precisions", default="fp32,fp16", help="comma-separated [fp32,fp16]")
     parser.add_argument("--frameworks", default="hpcgpu,torch", help="comma-separated [hpcgpu,torch]")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON (rank 0)")
     parser.add_argument("--backend", choices=("cupy", "numpy"), default="cupy",
                         help="numpy: a CPU smoke test of this script (use a tiny --width) [cupy]")
     return parser.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------------------ clocks
+class PhaseClocks:
+    """``--clocks``: NVML samples of this rank's GPU every ``interval`` s, filed under the phase running
+    (``phase`` is set by the timing loop; None files nothing). Mean SM clock, power and the fraction of
+    samples with each clock-event reason, per phase."""
+
+    def __init__(self, arch, interval=0.02):
+        import threading
+
+        import pynvml
+
+        self.nvml, self.phase, self.samples = pynvml, None, {}
+        pynvml.nvmlInit()
+        self.handle = pynvml.nvmlDeviceGetHandleByPciBusId(arch.identity.pci_bus_id)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(interval,), daemon=True)
+        self._thread.start()
+
+    def _loop(self, interval):
+        nvml, handle = self.nvml, self.handle
+        while not self._stop.wait(interval):
+            phase = self.phase
+            if phase is None:
+                continue
+            try:
+                clock = nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)
+                power = nvml.nvmlDeviceGetPowerUsage(handle) * 1e-3
+                reasons = nvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
+            except Exception:   # noqa: BLE001 - a missed sample
+                continue
+            self.samples.setdefault(phase, []).append((clock, power, reasons))
+
+    def summary(self):
+        from hpcgpu.monitor import decode_throttle_reasons
+
+        self._stop.set()
+        self._thread.join(timeout=5)
+        table = {}
+        for phase, rows in self.samples.items():
+            reasons = {}
+            for *_, mask in rows:
+                for name in decode_throttle_reasons(mask):
+                    reasons[name] = reasons.get(name, 0) + 1 / len(rows)
+            table[phase] = {"n": len(rows), "sm_clock_mhz": float(np.mean([r[0] for r in rows])),
+                            "power_w": float(np.mean([r[1] for r in rows])),
+                            "reasons": {k: round(v, 3) for k, v in sorted(reasons.items())}}
+        return table
+
+
+def _set_phase(clocks, phase):
+    if clocks is not None:
+        clocks.phase = phase
 
 
 # ------------------------------------------------------------------------------------------ hpcgpu
@@ -97,13 +155,17 @@ def run_hpcgpu(comm, arch, options, precision):
     y = xp.asarray(rng.integers(0, options.classes, size=batch).astype(np.int64))
     index = xp.arange(comm.rank * batch, (comm.rank + 1) * batch, dtype=xp.int64)
 
-    def timed(step_sync, n_steps):
+    clocks = PhaseClocks(arch) if options.clocks and comm.size > 1 else None
+
+    def timed(step_sync, n_steps, phase=None):
         comm.barrier()
         arch.synchronize()
+        _set_phase(clocks, phase)
         started = time.perf_counter()
         for _ in range(n_steps):
             metrics = train_step(trainer, state, x, y, index, step_sync)
         arch.synchronize()
+        _set_phase(clocks, None)
         return (time.perf_counter() - started) / n_steps, metrics
 
     timed(sync, options.warmup)
@@ -118,7 +180,7 @@ def run_hpcgpu(comm, arch, options, precision):
         local_seconds, _ = timed(LocalSync(), options.steps)
         pairs = [(seconds, local_seconds)]
         for _ in range(options.rounds - 1):
-            pairs.append((timed(sync, options.steps)[0], timed(LocalSync(), options.steps)[0]))
+            pairs.append((timed(sync, options.steps, "comm")[0], timed(LocalSync(), options.steps, "local")[0]))
         if len(pairs) > 1:
             efficiencies = [local / together for together, local in pairs]
             result.update(round_efficiencies=efficiencies, median_efficiency=float(np.median(efficiencies)),
@@ -130,6 +192,8 @@ def run_hpcgpu(comm, arch, options, precision):
             events_exposed_wait_ms=stats["exposed_wait_ms"], events_backward_ms=stats["backward_ms"],
             events_allreduce_busy_ms=stats.get("allreduce_busy_ms"),
             events_hidden_fraction=stats["hidden_fraction"], buckets=stats["buckets"])
+        if clocks is not None:
+            result["clocks"] = comm.mpi.allgather(clocks.summary())
     return result   # the arrays are freed on return; the driver then empties CuPy's pool
 
 
@@ -211,13 +275,17 @@ def run_torch(comm, arch, options, precision):
         scaler.update()
         return loss.item()
 
-    def timed(communicate, n_steps):
+    clocks = PhaseClocks(arch) if options.clocks and comm.size > 1 else None
+
+    def timed(communicate, n_steps, phase=None):
         comm.barrier()
         torch.cuda.synchronize()
+        _set_phase(clocks, phase)
         started = time.perf_counter()
         for _ in range(n_steps):
             loss = step(communicate)
         torch.cuda.synchronize()
+        _set_phase(clocks, None)
         return (time.perf_counter() - started) / n_steps, loss
 
     timed(True, options.warmup)
@@ -240,7 +308,7 @@ def run_torch(comm, arch, options, precision):
         alone = comm.allreduce(float(np.median(rounds[1:])), op="max")
         pairs = [(seconds, local_seconds)]
         for _ in range(options.rounds - 1):
-            pairs.append((timed(True, options.steps)[0], timed(False, options.steps)[0]))
+            pairs.append((timed(True, options.steps, "comm")[0], timed(False, options.steps, "local")[0]))
         if len(pairs) > 1:
             efficiencies = [local / together for together, local in pairs]
             result.update(round_efficiencies=efficiencies, median_efficiency=float(np.median(efficiencies)),
@@ -248,6 +316,8 @@ def run_torch(comm, arch, options, precision):
         exposed = max(0.0, seconds - local_seconds)
         result.update(step_without_comm_ms=1e3 * local_seconds, allreduce_alone_ms=1e3 * alone,
                       exposed_ms=1e3 * exposed, hidden_fraction=_hidden(exposed, alone))
+        if clocks is not None:
+            result["clocks"] = comm.mpi.allgather(clocks.summary())
     return result
 
 
@@ -370,6 +440,10 @@ def print_table(results):
             rounds = " ".join(f"{100 * e:.1f}%" for e in r["round_efficiencies"])
             print(f"{r['framework']} {r['precision']} {r.get('allreduce', '')}: in-process scaling per round {rounds}; "
                   f"median {100 * r['median_efficiency']:.1f}% (step ms pairs {r['round_step_ms']})")
+        for rank, table in enumerate(r.get("clocks") or []):
+            text = "; ".join(f"{phase}: {v['sm_clock_mhz']:.0f} MHz {v['power_w']:.0f} W (n={v['n']}) {v['reasons']}"
+                             for phase, v in sorted(table.items()))
+            print(f"  clocks rank {rank}: {text}")
     by_key = {(r["framework"], r["precision"]): r for r in results if not r.get("error")}
     tf32 = {r["allow_tf32_default"] for r in results if "allow_tf32_default" in r}
     if tf32:
