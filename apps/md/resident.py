@@ -15,8 +15,9 @@ can stay on the device, and the step becomes a fixed chain of kernels::
     [Langevin]    noise keyed by (seed, step from the device counter, atom id)
     second half   v += dt/2 f/m
 
-Kernels marked [flag] return at once unless the first half raised the flag, so every step launches the
-same kernels with the same arguments, and a *chunk* of steps (``check_interval``, 25 by default) is
+Kernels marked [flag] return at once unless the first half raised the flag (in the captured graphs they
+also sit in a CUDA graph IF node, :data:`GRAPH_CONDITIONALS`, skipped as a whole on steps without a
+rebuild), so every step launches the same kernels with the same arguments, and a *chunk* of steps (``check_interval``, 25 by default) is
 captured once and replayed as one CUDA graph: one host call and one device-to-host read per chunk. The
 read of a chunk's control words happens when the next chunk is launched (or at :meth:`ResidentSteps.settle`),
 so the host queues the next steps while the GPU runs; each graph starts by copying what it changes
@@ -60,6 +61,29 @@ DEFAULT_CHUNK = 25
 _BUILDS, _NEIGHBORS_NEEDED, _CELL_NEEDED = range(3)
 #: Graphs kept (keys: chunk length, energy on the last step).
 MAX_GRAPHS = 6
+#: In a captured chunk the [flag] kernels sit in CUDA graph IF nodes, skipped on steps without a rebuild
+#: (:mod:`hpcgpu.runtime.graph_conditional`; each empty kernel costs a graph node launch), where the driver
+#: has them. False: plain flagged kernels (the tests compare both: the same results bit for bit).
+GRAPH_CONDITIONALS = True
+
+
+def rebuild_skip(stream, watch):
+    """What a chunk captured on ``stream`` wraps its [flag] kernels in: IF nodes that run only when the
+    rebuild flag ``watch[0]`` is raised, or plain launches (``stream`` None: outside a capture, or
+    conditionals off). See :class:`hpcgpu.runtime.graph_conditional.SkipUnless`."""
+    from hpcgpu.runtime.graph_conditional import SkipUnless
+
+    return SkipUnless(stream, watch, NOT_EXCEEDED)
+
+
+def graph_conditionals_here() -> bool:
+    """Whether captures put [flag] kernels into IF nodes: asked for and working on this GPU (call it before
+    a capture: the first call launches a small test graph)."""
+    import cupy
+
+    from hpcgpu.runtime import graph_conditional
+
+    return bool(GRAPH_CONDITIONALS) and graph_conditional.works(cupy.cuda.Device().id)
 
 _CUDA_SOURCE = r"""
 #define NOT_EXCEEDED 2147483647
@@ -327,6 +351,7 @@ class ResidentSteps:
         self.neighbors = cupy.empty((self.neighbor_capacity, n), dtype=cupy.int32)
         self.counts = cupy.zeros(n, dtype=cupy.int32)
         self.watch = cupy.asarray(np.array([NOT_EXCEEDED, 0], dtype=np.int32))
+        self._skip = rebuild_skip(None, self.watch)   # plain launches outside a capture
         self.control = cupy.zeros(3, dtype=cupy.int32)
         self.counter = cupy.full(1, state.step, dtype=cupy.int64)
         self.per_atom = cupy.zeros((2, n), dtype=cupy.float64)
@@ -412,7 +437,8 @@ class ResidentSteps:
 
     def summary(self) -> dict:
         return {"chunk": self.chunk, "chunks": self.n_chunks, "chunks_redone": self.n_redone, "lanes_per_atom": self.lanes,
-                "graphs_captured": self.n_captures, "cells": list(self.cells), "cell_capacity": self.cell_capacity}
+                "graphs_captured": self.n_captures, "cells": list(self.cells), "cell_capacity": self.cell_capacity,
+                "graph_conditionals": graph_conditionals_here()}
 
     # -- kernels -----------------------------------------------------------------------------------
     def _load_kernels(self, dtype) -> None:
@@ -464,7 +490,9 @@ class ResidentSteps:
                                      (self.counter, self.watch, self.cell_count, np.int32(self.n_cells)))
         first_half_and_watch(state.positions, state.velocities, state.forces, state.masses, config.dt, self.reference,
                              (0.5 * config.skin) ** 2, 0, self.watch, step_counter=self.counter)
-        self._rebuild_if_flagged(state, wrap=True, count_build=True)
+        self._skip.set()
+        with self._skip.body():
+            self._rebuild_if_flagged(state, wrap=True, count_build=True)
         compute_forces_periodic(state.positions, state.types, state.neighbor_list, state.pair_table, state.forces,
                                 self.box, per_atom=self.per_atom if energy else None, lanes=self.lanes)
         if config.thermostat == "langevin":
@@ -484,13 +512,16 @@ class ResidentSteps:
             if len(self._graphs) >= MAX_GRAPHS:
                 self._graphs.clear()   # the host synchronised after every launch: none is running
             # Capture on a private stream; ``on_stream`` keeps the compute stream current afterwards.
+            conditionals = graph_conditionals_here()
             with on_stream(self._stream):
                 self._stream.begin_capture()
                 try:
+                    self._skip = rebuild_skip(self._stream if conditionals else None, self.watch)
                     self._record_save()
                     for number in range(n_steps):
                         self._record_step(state, energy_last and number == n_steps - 1)
                 finally:
+                    self._skip = rebuild_skip(None, self.watch)
                     graph = self._stream.end_capture()
             upload = getattr(graph, "upload", None)
             if upload is not None:

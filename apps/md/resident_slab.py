@@ -21,7 +21,10 @@ again a fixed chain of kernels and NCCL calls, captured once and replayed as a C
     neighbours     [flag] full list; minimum image on the two undivided (periodic) axes
     forces, [Langevin], second half   on the owned rows (the owned count read on the device)
 
-Kernels marked [flag] return at once on steps without a rebuild.
+Kernels marked [flag] return at once on steps without a rebuild; in the captured graphs they also sit in
+IF nodes (CUDA 12.4+ conditional nodes, :mod:`hpcgpu.runtime.graph_conditional`) that a one-thread kernel
+after the allreduce opens only on rebuild steps, so a quiet step does not pay a node launch for each of
+them (with the NCCL exchange the migration chain stays outside: its NCCL calls run every step).
 
 The two exchanges (``MDConfig.exchange``): **peer** (default when every rank is on one node) -- the pack
 kernels store the ghost rows and migrant records straight into the neighbours' arrays, mapped with CUDA
@@ -64,7 +67,7 @@ from ._arrays import THREADS_PER_BLOCK, blocks_for, raw_kernel
 from .cells import make_cell_grid
 from .forces import lanes_per_atom
 from .neighbors import GROWTH, NeighborList
-from .resident import DEFAULT_CHUNK, MAX_GRAPHS, _phase
+from .resident import DEFAULT_CHUNK, MAX_GRAPHS, _phase, graph_conditionals_here, rebuild_skip
 from .watch import NOT_EXCEEDED
 
 #: Device words (``words`` array; the kernels' #defines): see resident_slab_kernels.
@@ -200,6 +203,7 @@ class SlabResidentSteps:
         self._state = state
         self.counter = cupy.full(1, state.step, dtype=cupy.int64)
         self.watch = cupy.asarray(np.array([NOT_EXCEEDED, 0], dtype=np.int32))
+        self._skip = rebuild_skip(None, self.watch)   # plain launches outside a capture
         self._allocate_atoms(state, n)
         self._allocate_lists()
         self._load_kernels(dtype)
@@ -280,7 +284,7 @@ class SlabResidentSteps:
 
     def summary(self) -> dict:
         return {"driver": "slab", "axis": "xyz"[self.axis], "exchange": "peer" if self.peer_exchange else "nccl",
-                "chunk": self.chunk, "chunks": self.n_chunks,
+                "chunk": self.chunk, "chunks": self.n_chunks, "graph_conditionals": graph_conditionals_here(),
                 "chunks_redone": self.n_redone, "lanes_per_atom": self.lanes, "graphs_captured": self.n_captures,
                 "cells": list(self.cells), "capacities": {
                     "rows": self.row_capacity, "ghost_rows_per_side": self.ghost_capacity,
@@ -738,11 +742,20 @@ class SlabResidentSteps:
         stream = cupy.cuda.get_current_stream().ptr
         self.nccl.allReduce(self.watch.data.ptr, self.watch.data.ptr, 1, nccl.NCCL_INT32, nccl.NCCL_MIN, stream)
         mark("allreduce of the flag")
-        self._record_migration(mark)
-        self._record_ghost_lists(self.positions)
+        skip = self._skip   # IF nodes in a capture: the [flag] kernels skipped on steps without a rebuild
+        skip.set()
+        if self.peer_exchange:
+            with skip.body():
+                self._record_migration(mark)
+                self._record_ghost_lists(self.positions)
+        else:   # NCCL calls stay out of IF bodies
+            self._record_migration(mark)
+            with skip.body():
+                self._record_ghost_lists(self.positions)
         mark("[flag] ghost lists")
         self._record_ghost_exchange(self.positions, mark)
-        self._record_build(copy_owned=True, copy_ghosts=True, count_build=True)
+        with skip.body():
+            self._record_build(copy_owned=True, copy_ghosts=True, count_build=True)
         mark("[flag] bin, sort, neighbours")
         self._forces(self.forces, energy)
         mark("forces")
@@ -771,13 +784,16 @@ class SlabResidentSteps:
         if graph is None:
             if len(self._graphs) >= MAX_GRAPHS:
                 self._graphs.clear()
+            conditionals = graph_conditionals_here()
             with on_stream(self._stream):
                 self._stream.begin_capture()
                 try:
+                    self._skip = rebuild_skip(self._stream if conditionals else None, self.watch)
                     self._record_save()
                     for number in range(n_steps):
                         self._record_step(energy_last and number == n_steps - 1)
                 finally:
+                    self._skip = rebuild_skip(None, self.watch)
                     graph = self._stream.end_capture()
             upload = getattr(graph, "upload", None)
             if upload is not None:

@@ -11,10 +11,12 @@ ctypes), in the middle of a capture that CuPy started::
     stream.begin_capture()
     conditions = GraphConditions(stream)          # the graph being captured
     handle = conditions.new_handle()
-    set_condition(handle, flag)                   # a kernel that calls cudaGraphSetConditional
+    set_condition_unless(handle, word, 0)         # a kernel: condition := word[0] != 0
     with conditions.if_node(handle):              # launches in here go into the IF node's body
         ...kernels on the current CuPy stream...
     graph = stream.end_capture()
+
+:class:`SkipUnless` wraps that pattern (and turns into plain launches outside a capture).
 
 A body may hold kernels, memsets, copies and further conditional nodes; no events, host
 callbacks or NCCL calls that need them. One handle may steer several IF nodes. The handle keeps
@@ -188,3 +190,96 @@ class GraphConditions:
             self._inside = False
             captured = ctypes.c_void_p()
             _call("cuStreamEndCapture", ctypes.c_void_p(body_stream.ptr), ctypes.byref(captured))
+
+
+_UNLESS_SOURCE = CONDITION_SOURCE + r"""
+/* condition := (word[0] != value): one thread, between the kernel that writes `word` and the IF node. */
+extern "C" __global__ void hpcgpu_condition_unless(cudaGraphConditionalHandle handle, const int* word, int value) {
+    cudaGraphSetConditional(handle, word[0] != value ? 1u : 0u);
+}
+"""
+
+
+@functools.cache
+def _unless_kernel(device_id: int):
+    return load_module(_UNLESS_SOURCE).get_function("hpcgpu_condition_unless")
+
+
+def set_condition_unless(handle: int, word, value: int) -> None:
+    """Queue (on CuPy's current stream) a one-thread kernel: condition ``handle`` := ``word[0] != value``.
+
+    Parameters
+    ----------
+    handle : int
+        From :meth:`GraphConditions.new_handle`.
+    word : cupy.ndarray of int32, shape (>= 1,)
+        Read on the device when the kernel runs.
+    value : int
+    """
+    import cupy
+    import numpy as np
+
+    _unless_kernel(cupy.cuda.Device().id)((1,), (1,), (np.uint64(handle), word, np.int32(value)))
+
+
+class SkipUnless:
+    """IF nodes steered by one device word: their bodies run only when ``word[0] != value``.
+
+    Inside a capture on ``stream``, :meth:`set` queues the kernel that reads the word (after whatever wrote
+    it) and each ``with skip.body():`` block becomes one IF node. With ``stream=None`` (no capture, or
+    conditional nodes turned off) :meth:`set` does nothing and :meth:`body` is an ordinary block: the
+    kernels in it are plain launches.
+    """
+
+    def __init__(self, stream, word, value: int):
+        self.word, self.value = word, int(value)
+        self.conditions = GraphConditions(stream) if stream is not None else None
+        self.handle = self.conditions.new_handle() if self.conditions is not None else None
+
+    @property
+    def active(self) -> bool:
+        return self.conditions is not None
+
+    def set(self) -> None:
+        if self.conditions is not None:
+            set_condition_unless(self.handle, self.word, self.value)
+
+    def body(self):
+        return self.conditions.if_node(self.handle) if self.conditions is not None else contextlib.nullcontext()
+
+
+@functools.cache
+def works(device_id: int = -1) -> bool:
+    """Whether IF nodes work here: a tiny graph is captured and launched with the condition clear and set
+    (once per process and device; ``device_id`` only keys the cache). False, never an exception, when the
+    driver, the compiler or the launch refuses."""
+    if not available():
+        return False
+    try:
+        import cupy
+        import numpy as np
+
+        from hpcgpu.arch import on_stream
+
+        word, counter = cupy.zeros(1, dtype=cupy.int32), cupy.zeros(1, dtype=cupy.int32)
+        add = cupy.ElementwiseKernel("", "int32 c", "c += 1", "hpcgpu_conditional_probe_add")
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with on_stream(stream):
+            add(counter)   # compiled and loaded before the capture, as is the condition kernel:
+            _unless_kernel(cupy.cuda.Device().id)
+            counter.fill(0)
+            stream.begin_capture()
+            try:
+                skip = SkipUnless(stream, word, 0)
+                skip.set()
+                with skip.body():
+                    add(counter)
+            finally:
+                graph = stream.end_capture()
+            for value in (0, 7):
+                word.fill(np.int32(value))
+                graph.launch()
+            stream.synchronize()
+        return int(counter.get()[0]) == 1
+    except Exception:   # noqa: BLE001 -- any refusal means "not here"
+        return False

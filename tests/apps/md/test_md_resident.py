@@ -142,6 +142,33 @@ def test_resident_restart_continues_bitwise(comm, cupy):
 
 @pytest.mark.gpu
 @pytest.mark.mpi(ranks=[1, 2], timeout=300)
+def test_graph_if_nodes_change_no_bit(comm, cupy, monkeypatch):
+    """The [flag] kernels inside CUDA graph IF nodes (skipped as a whole on steps without a rebuild) or as
+    plain launches that return at once: the same bits, the same rebuilds. On 2 ranks: the slab driver,
+    whose IF nodes also hold the migration (peer exchange) and the ghost send lists."""
+    import hpcgpu
+    from apps.md import resident
+
+    hpcgpu.arch.auto(comm, backend="cupy", allow_sharing=True)
+    config = _config(thermostat="langevin", resident=True)
+    runs = {}
+    for conditionals in (False, True):
+        monkeypatch.setattr(resident, "GRAPH_CONDITIONALS", conditionals)
+        state = _state(comm, cupy, np.float64, config, cells=8)
+        runs[conditionals] = _run(state, config, 100) + (state.n_builds,)
+        summary = state.resident.summary()
+        assert summary["graph_conditionals"] is conditionals and summary["chunks_redone"] == 0, summary
+        if hasattr(state.resident, "close"):   # the slab driver: its NCCL communicator and peer mappings
+            state.resident.close()
+    np.testing.assert_array_equal(runs[True][0], runs[False][0])
+    assert runs[True][2] == runs[False][2] >= 5
+    if comm.rank == 0:
+        for name in ("positions", "velocities", "images", "atom_ids"):
+            np.testing.assert_array_equal(runs[True][1][name], runs[False][1][name], err_msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi(ranks=[1, 2], timeout=300)
 def test_resident_runs_are_reproducible_and_fp32_tracks_fp64(comm, cupy):
     import hpcgpu
 
