@@ -55,11 +55,14 @@ def _exchange_times(steps, method_name, times):
 #: Variants that keep the physics (and so the rebuild steps) of the full step: a part left out where the
 #: step does not need it, or an idempotent part done twice (its cost is then the difference to "full").
 VARIANTS = ("full", "allreduce twice", "migrant NCCL twice", "ghost NCCL twice", "no migration",
-            "no ghost lists")
+            "no ghost lists", "no IF nodes")
 
 
 def apply(steps, variant):
     """Undo every patch, then patch the driver for ``variant``."""
+    from apps.md import resident
+
+    resident.GRAPH_CONDITIONALS = variant != "no IF nodes"   # the [flag] kernels as plain graph nodes
     for name in ("_record_migration", "_record_ghost_exchange", "_record_ghost_lists"):
         steps.__dict__.pop(name, None)
     if isinstance(steps.nccl, _AllreduceTimes):

@@ -43,6 +43,7 @@ instead of ghost coordinates) differ, so thermo agrees with it and with the CPU 
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -63,8 +64,9 @@ _BUILDS, _NEIGHBORS_NEEDED, _CELL_NEEDED = range(3)
 MAX_GRAPHS = 6
 #: In a captured chunk the [flag] kernels sit in CUDA graph IF nodes, skipped on steps without a rebuild
 #: (:mod:`hpcgpu.runtime.graph_conditional`; each empty kernel costs a graph node launch), where the driver
-#: has them. False: plain flagged kernels (the tests compare both: the same results bit for bit).
-GRAPH_CONDITIONALS = True
+#: has them. False (or the environment's HPCGPU_GRAPH_CONDITIONALS=0): plain flagged kernels (the tests
+#: compare both: the same results bit for bit).
+GRAPH_CONDITIONALS = os.environ.get("HPCGPU_GRAPH_CONDITIONALS", "1") != "0"
 
 
 def rebuild_skip(stream, watch):
