@@ -117,3 +117,40 @@ def _gemm_cupy(a, b, out, transpose_a, transpose_b, accumulate):
         a.data.ptr, data_type, a.shape[1],
         beta.ctypes.data, out.data.ptr, data_type, n_columns,
         compute_type, algorithm)
+
+
+def _libcublas():
+    """The cuBLAS library CuPy has loaded (found in this process's memory map), through ctypes."""
+    import ctypes
+
+    import cupy
+    from cupy.cuda import device
+
+    device.get_cublas_handle()   # loads cuBLAS if CuPy has not yet
+    with open("/proc/self/maps") as maps:
+        paths = sorted({line.split()[-1] for line in maps if "libcublas.so" in line and "Lt" not in line})
+    if not paths:
+        raise RuntimeError(f"cuBLAS is not loaded in this process (CuPy {cupy.__version__})")
+    return ctypes.CDLL(paths[0])
+
+
+def set_gemm_sm_target(n_sms: int) -> None:
+    """Let later GEMMs on this device's cuBLAS handle plan for ``n_sms`` SMs (0: all of them).
+
+    ``cublasSetSmCountTarget``: cuBLAS then picks tile shapes and waves for that many SMs, so a GEMM
+    running beside kernels that hold some SMs (NCCL's, during the bucketed allreduce) does not leave
+    a last, mostly empty wave. Only the algorithm choice changes: the products are the same sums.
+    """
+    import ctypes
+
+    from cupy.cuda import device
+
+    library = _LIBCUBLAS.get("library")
+    if library is None:
+        library = _LIBCUBLAS["library"] = _libcublas()
+    status = library.cublasSetSmCountTarget(ctypes.c_void_p(device.get_cublas_handle()), ctypes.c_int(int(n_sms)))
+    if status != 0:
+        raise RuntimeError(f"cublasSetSmCountTarget({n_sms}) failed: cuBLAS status {status}")
+
+
+_LIBCUBLAS = {}
