@@ -66,9 +66,6 @@ def parse_arguments(argv=None):
                              "steps without communication (each rank alone: a one-GPU run on the same GPUs at the "
                              "same moment); reports each pair's scaling efficiency t(alone) / t(data-parallel) and "
                              "their median, immune to the host's drift between separate jobs [1]")
-    parser.add_argument("--gemm-sm-margin", type=int, default=0, metavar="N",
-                        help="hpcgpu: during backward, cuBLAS plans its GEMMs for N fewer SMs (those NCCL's "
-                             "allreduce blocks hold) [0: all SMs]")
     parser.add_argument("--clocks", action="store_true",
                         help="sample this rank's GPU (NVML, every 20 ms) during the in-process pairs: mean SM "
                              "clock, power and how often the power cap held the clocks, with and without "
@@ -150,7 +147,7 @@ def run_hpcgpu(comm, arch, options, precision):
     allreduce = options.allreduce if comm.size > 1 else "nccl"
     if allreduce == "nccl":
         create_nccl_communicator(comm, arch, options.nccl_channels)   # no-op once it exists
-    sync = DataParallel(comm, arch, options.bucket_mb, allreduce=allreduce, gemm_sm_margin=options.gemm_sm_margin)
+    sync = DataParallel(comm, arch, options.bucket_mb, allreduce=allreduce)
     xp = arch.xp
     state = init_train_state(trainer, xp, sync)
     rng = np.random.default_rng(comm.rank)

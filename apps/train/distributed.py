@@ -234,10 +234,6 @@ class DataParallel:
         copies between CUDA-IPC-mapped buffers and one small add kernel
         (:class:`apps.train.peer_reduce.PeerBucketReducer`; exactly 2 ranks on one node with
         GPUs, checked here identically on every rank). CPU buffers always use MPI.
-    gemm_sm_margin : int
-        GPU: while backward runs beside the bucket allreduces, cuBLAS plans its GEMMs for this
-        many fewer SMs than the GPU has (:func:`apps.train.gemm.set_gemm_sm_target`), leaving
-        them to NCCL's blocks; 0 (default): every SM.
 
     Attributes
     ----------
@@ -249,11 +245,8 @@ class DataParallel:
 
     zero_stage = 0
 
-    def __init__(self, comm, arch, bucket_mb=DEFAULT_BUCKET_MB, allreduce="nccl", gemm_sm_margin=0):
+    def __init__(self, comm, arch, bucket_mb=DEFAULT_BUCKET_MB, allreduce="nccl"):
         self.comm, self.arch = comm, arch
-        if gemm_sm_margin < 0:
-            raise ValueError(f"GEMM SM margin: expected >= 0 SMs, found {gemm_sm_margin}")
-        self.gemm_sm_margin = int(gemm_sm_margin)
         self.bucket_mb = float(bucket_mb)
         plan_buckets(1, 4, self.bucket_mb)   # validates the size before any collective
         check_allreduce(comm, allreduce, is_gpu=getattr(arch, "is_gpu", False))
@@ -288,13 +281,6 @@ class DataParallel:
         if self._reducer is None:
             return
         self._next_bucket = 0
-        if self.gemm_sm_margin and is_cupy(self.grads):
-            import cupy
-
-            from .gemm import set_gemm_sm_target
-
-            n_sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-            set_gemm_sm_target(max(1, n_sms - self.gemm_sm_margin))
         if isinstance(self._reducer, _StreamBucketReducer):
             self._reducer.mark_backward_start()
         else:
@@ -318,10 +304,6 @@ class DataParallel:
         if self._next_bucket < len(self.buckets):
             # no hook ran (or the last layers reported nothing): reduce what is left now
             self.on_grads_ready(0, grads.shape[0])
-        if self.gemm_sm_margin and is_cupy(grads):
-            from .gemm import set_gemm_sm_target
-
-            set_gemm_sm_target(0)   # the next forward has every SM again
         self._reducer.wait()
         self._next_bucket = 0
         if isinstance(self._reducer, _MpiBucketReducer):
