@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran at tree b2e55bd; the --gemm-sm-margin option it measures was withdrawn afterwards (4ce9b42).
 # Session 7, GPU call 2 (2 H200): (a) why the IF node was refused (variants of the driver calls); (b) train
 # fp16 at 8192/GPU: cuBLAS planning for fewer SMs during backward (--gemm-sm-margin) with NCCL channel
 # limits; (c) if IF nodes work: their GPU tests and the MD app with and without them.

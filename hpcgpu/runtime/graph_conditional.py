@@ -248,12 +248,17 @@ class SkipUnless:
         return self.conditions.if_node(self.handle) if self.conditions is not None else contextlib.nullcontext()
 
 
+#: device id -> why :func:`works` said False there.
+FAILURES: dict = {}
+
+
 @functools.cache
 def works(device_id: int = -1) -> bool:
     """Whether IF nodes work here: a tiny graph is captured and launched with the condition clear and set
     (once per process and device; ``device_id`` only keys the cache). False, never an exception, when the
-    driver, the compiler or the launch refuses."""
+    driver, the compiler or the launch refuses; :data:`FAILURES` then says why."""
     if not available():
+        FAILURES[device_id] = "the driver lacks the entry points (CUDA 12.4+ needed)"
         return False
     try:
         import cupy
@@ -280,6 +285,10 @@ def works(device_id: int = -1) -> bool:
                 word.fill(np.int32(value))
                 graph.launch()
             stream.synchronize()
-        return int(counter.get()[0]) == 1
-    except Exception:   # noqa: BLE001 -- any refusal means "not here"
+        ran = int(counter.get()[0])
+        if ran != 1:
+            FAILURES[device_id] = f"the IF node's body ran {ran} times in 2 launches, expected 1"
+        return ran == 1
+    except Exception as error:   # noqa: BLE001 -- any refusal means "not here"
+        FAILURES[device_id] = f"{type(error).__name__}: {error}"
         return False
