@@ -62,8 +62,8 @@ def parse_arguments(argv=None):
                              "CUDA-IPC-mapped buffers plus one add kernel (2 GPUs of one node; one rank runs "
                              "nccl, which has nothing to reduce) [nccl]")
     parser.add_argument("--rounds", type=int, default=1, metavar="R",
-                        help="with several ranks: R alternating pairs of timed runs, data-parallel then the same "
-                             "steps without communication (each rank alone: a one-GPU run on the same GPUs at the "
+                        help="with several ranks: R pairs of timed runs, data-parallel and the same "
+                             "steps without communication, alternately first (each rank alone: a one-GPU run on the same GPUs at the "
                              "same moment); reports each pair's scaling efficiency t(alone) / t(data-parallel) and "
                              "their median, immune to the host's drift between separate jobs [1]")
     parser.add_argument("--clocks", action="store_true",
@@ -179,8 +179,9 @@ def run_hpcgpu(comm, arch, options, precision):
         stats = sync.overlap_stats()
         local_seconds, _ = timed(LocalSync(), options.steps)
         pairs = [(seconds, local_seconds)]
-        for _ in range(options.rounds - 1):
-            pairs.append((timed(sync, options.steps, "comm")[0], timed(LocalSync(), options.steps, "local")[0]))
+        for number in range(1, options.rounds):
+            pairs.append(_pair(lambda: timed(sync, options.steps, "comm")[0],
+                               lambda: timed(LocalSync(), options.steps, "local")[0], number))
         if len(pairs) > 1:
             efficiencies = [local / together for together, local in pairs]
             result.update(round_efficiencies=efficiencies, median_efficiency=float(np.median(efficiencies)),
@@ -195,6 +196,16 @@ def run_hpcgpu(comm, arch, options, precision):
         if clocks is not None:
             result["clocks"] = comm.mpi.allgather(clocks.summary())
     return result   # the arrays are freed on return; the driver then empties CuPy's pool
+
+
+def _pair(together, alone, number):
+    """(t data-parallel, t alone) of round ``number``: odd rounds time the communication-free run first, so
+    a drift of the host's speed over a pair (clocks under the power cap) does not always favour one side."""
+    if number % 2:
+        seconds_alone = alone()
+        return together(), seconds_alone
+    seconds_together = together()
+    return seconds_together, alone()
 
 
 def _hidden(exposed, alone):
@@ -307,8 +318,9 @@ def run_torch(comm, arch, options, precision):
             rounds.append(time.perf_counter() - started)
         alone = comm.allreduce(float(np.median(rounds[1:])), op="max")
         pairs = [(seconds, local_seconds)]
-        for _ in range(options.rounds - 1):
-            pairs.append((timed(True, options.steps, "comm")[0], timed(False, options.steps, "local")[0]))
+        for number in range(1, options.rounds):
+            pairs.append(_pair(lambda: timed(True, options.steps, "comm")[0],
+                               lambda: timed(False, options.steps, "local")[0], number))
         if len(pairs) > 1:
             efficiencies = [local / together for together, local in pairs]
             result.update(round_efficiencies=efficiencies, median_efficiency=float(np.median(efficiencies)),
