@@ -71,10 +71,10 @@ def main(argv=None) -> int:
             stream.begin_capture()
             try:
                 conditions = GraphConditions(stream) if use_if else None
-                handle = conditions.new_handle() if use_if else None
                 for _ in range(options.steps):
                     update(grid, (256,), (x, np.int32(rows)))
                     if use_if:
+                        handle = conditions.new_handle()   # one per IF node
                         set_condition((1,), (1,), (np.uint64(handle), flag))
                         with conditions.if_node(handle):
                             for _ in range(options.kernels):

@@ -492,7 +492,6 @@ class ResidentSteps:
                                      (self.counter, self.watch, self.cell_count, np.int32(self.n_cells)))
         first_half_and_watch(state.positions, state.velocities, state.forces, state.masses, config.dt, self.reference,
                              (0.5 * config.skin) ** 2, 0, self.watch, step_counter=self.counter)
-        self._skip.set()
         with self._skip.body():
             self._rebuild_if_flagged(state, wrap=True, count_build=True)
         compute_forces_periodic(state.positions, state.types, state.neighbor_list, state.pair_table, state.forces,

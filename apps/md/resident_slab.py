@@ -22,8 +22,8 @@ again a fixed chain of kernels and NCCL calls, captured once and replayed as a C
     forces, [Langevin], second half   on the owned rows (the owned count read on the device)
 
 Kernels marked [flag] return at once on steps without a rebuild; in the captured graphs they also sit in
-IF nodes (CUDA 12.4+ conditional nodes, :mod:`hpcgpu.runtime.graph_conditional`) that a one-thread kernel
-after the allreduce opens only on rebuild steps, so a quiet step does not pay a node launch for each of
+IF nodes (CUDA 12.4+ conditional nodes, :mod:`hpcgpu.runtime.graph_conditional`), each after a one-thread
+kernel that opens it only on rebuild steps, so a quiet step does not pay a node launch for each of
 them (with the NCCL exchange the migration chain stays outside: its NCCL calls run every step).
 
 The two exchanges (``MDConfig.exchange``): **peer** (default when every rank is on one node) -- the pack
@@ -743,7 +743,6 @@ class SlabResidentSteps:
         self.nccl.allReduce(self.watch.data.ptr, self.watch.data.ptr, 1, nccl.NCCL_INT32, nccl.NCCL_MIN, stream)
         mark("allreduce of the flag")
         skip = self._skip   # IF nodes in a capture: the [flag] kernels skipped on steps without a rebuild
-        skip.set()
         if self.peer_exchange:
             with skip.body():
                 self._record_migration(mark)

@@ -19,8 +19,9 @@ ctypes), in the middle of a capture that CuPy started::
 :class:`SkipUnless` wraps that pattern (and turns into plain launches outside a capture).
 
 A body may hold kernels, memsets, copies and further conditional nodes; no events, host
-callbacks or NCCL calls that need them. One handle may steer several IF nodes. The handle keeps
-the value last set (``default`` at every graph launch).
+callbacks or NCCL calls that need them. A handle steers exactly one conditional node (the driver
+refuses a second node on it: CUDA_ERROR_INVALID_VALUE); it is reset to ``default`` at every graph
+launch.
 
 Device code sets the condition with :data:`CONDITION_SOURCE` (declarations NVRTC accepts without
 the CUDA headers; the call needs no device-runtime linking).
@@ -86,12 +87,9 @@ def available() -> bool:
 
 
 def load_module(source: str, options=("-std=c++17",)):
-    """A ``cupy.RawModule`` of ``source`` (kernels that call ``cudaGraphSetConditional``; prepend
-    :data:`CONDITION_SOURCE`). Compiled through PTX, which the driver links with the device call when it
-    loads the module."""
-    import os
-    import tempfile
-
+    """A CuPy module (``cupy.cuda.function.Module``: ``get_function(name)`` gives launchable kernels) of
+    ``source``, kernels that call ``cudaGraphSetConditional`` (prepend :data:`CONDITION_SOURCE`). Compiled
+    to PTX, which the driver links with the device call when it loads the module."""
     import cupy
     from cupy_backends.cuda.libs import nvrtc
 
@@ -102,12 +100,10 @@ def load_module(source: str, options=("-std=c++17",)):
     except Exception as error:   # noqa: BLE001 -- re-raised with the compiler's log
         raise RuntimeError(f"{error}\n{nvrtc.getProgramLog(program)}") from error
     ptx = nvrtc.getPTX(program)
-    with tempfile.NamedTemporaryFile("wb", suffix=".ptx", delete=False) as file:
-        file.write(ptx if isinstance(ptx, bytes) else ptx.encode())
-    try:
-        return cupy.RawModule(path=file.name)
-    finally:
-        os.unlink(file.name)
+    ptx = ptx if isinstance(ptx, bytes) else ptx.encode()
+    module = cupy.cuda.function.Module()
+    module.load(ptx if ptx.endswith(b"\0") else ptx + b"\0")
+    return module
 
 
 def _call(name: str, *arguments) -> None:
@@ -225,27 +221,30 @@ def set_condition_unless(handle: int, word, value: int) -> None:
 class SkipUnless:
     """IF nodes steered by one device word: their bodies run only when ``word[0] != value``.
 
-    Inside a capture on ``stream``, :meth:`set` queues the kernel that reads the word (after whatever wrote
-    it) and each ``with skip.body():`` block becomes one IF node. With ``stream=None`` (no capture, or
-    conditional nodes turned off) :meth:`set` does nothing and :meth:`body` is an ordinary block: the
-    kernels in it are plain launches.
+    Inside a capture on ``stream``, each ``with skip.body():`` block becomes a one-thread kernel that
+    reads the word (after whatever the stream did before) and sets a condition, then an IF node holding
+    the block's launches (a condition handle steers exactly one conditional node, so each body has its
+    own). With ``stream=None`` (no capture, or conditional nodes turned off) a body is an ordinary block:
+    its kernels are plain launches.
     """
 
     def __init__(self, stream, word, value: int):
         self.word, self.value = word, int(value)
         self.conditions = GraphConditions(stream) if stream is not None else None
-        self.handle = self.conditions.new_handle() if self.conditions is not None else None
 
     @property
     def active(self) -> bool:
         return self.conditions is not None
 
-    def set(self) -> None:
-        if self.conditions is not None:
-            set_condition_unless(self.handle, self.word, self.value)
-
     def body(self):
-        return self.conditions.if_node(self.handle) if self.conditions is not None else contextlib.nullcontext()
+        return self._if_body() if self.conditions is not None else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _if_body(self):
+        handle = self.conditions.new_handle()
+        set_condition_unless(handle, self.word, self.value)
+        with self.conditions.if_node(handle):
+            yield
 
 
 #: device id -> why :func:`works` said False there.
@@ -276,7 +275,6 @@ def works(device_id: int = -1) -> bool:
             stream.begin_capture()
             try:
                 skip = SkipUnless(stream, word, 0)
-                skip.set()
                 with skip.body():
                     add(counter)
             finally:

@@ -2,7 +2,7 @@
 
 CPU (CI): the ctypes structures have the sizes of cuda.h's, and without a GPU nothing raises: the
 self-test says False and the plain-launch form is an ordinary block. GPU: an IF node runs its body only on
-launches where the steering word allows it, with several IF nodes on one handle.
+launches where the steering word allows it, with several IF nodes steered by one word.
 """
 
 import ctypes
@@ -22,7 +22,6 @@ def test_node_parameter_structures_match_cuda_h():
 def test_plain_launch_form_is_an_ordinary_block():
     skip = graph_conditional.SkipUnless(None, word=None, value=0)
     assert not skip.active
-    skip.set()
     ran = []
     with skip.body():
         ran.append(1)
@@ -60,10 +59,9 @@ def test_if_nodes_run_their_bodies_only_when_the_word_allows(cupy):
             skip = graph_conditional.SkipUnless(stream, word, 7)
             for _ in range(steps):
                 add(hundred, counter, size=3)   # always
-                skip.set()
                 with skip.body():
                     add(one, counter, size=3)
-                with skip.body():   # a second IF node on the same handle
+                with skip.body():   # a second IF node steered by the same word
                     add(one, counter, size=3)
         finally:
             graph = stream.end_capture()
