@@ -311,7 +311,49 @@ def resident_applies(state, config) -> bool:
     return not problems
 
 
-class ResidentSteps:
+class ChunkedGraphSteps:
+    """The host side of a device-resident driver: steps are queued and run as *chunks*, each one CUDA graph,
+    and a chunk's control words are read (waiting for it) when the next chunk is launched, so the host
+    queues steps while the GPU runs. Subclasses provide ``_launch(state, n_steps, energy_last)`` (run the
+    steps as one graph), ``_verify(state, timers)`` (read the words of ``_unverified`` = (first step, steps,
+    energy on the last, step after the chunk); after an overflow grow and run the chunk again) and may
+    override ``_chunk_launched``. With several ranks, flush and settle are collective."""
+
+    chunk: int
+    pending: int = 0
+    n_chunks: int = 0
+    _unverified = None
+
+    def step(self, state, compute_energy: bool, timers) -> None:
+        """Queue one step; launch the queued chunk when it is full or this step needs its energy."""
+        state.step += 1
+        self.pending += 1
+        if compute_energy or self.pending >= self.chunk:
+            self.flush(state, timers, energy_last=compute_energy)
+
+    def flush(self, state, timers=None, energy_last: bool = False) -> None:
+        """Verify the chunk launched before (waits for it), then launch the queued steps as one graph."""
+        self._verify(state, timers)
+        n_steps = self.pending
+        if n_steps == 0:
+            return
+        with _phase(timers, "compute"):
+            self._launch(state, n_steps, energy_last)
+        self._unverified = (state.step - n_steps, n_steps, energy_last, state.step)
+        self.pending = 0
+        self.n_chunks += 1
+        self._chunk_launched(state, energy_last)
+
+    def settle(self, state, timers=None) -> None:
+        """Run and verify every queued step: the state is then exact and current (one synchronisation)."""
+        self.flush(state, timers)
+        self._verify(state, timers)
+
+    def _chunk_launched(self, state, energy_last: bool) -> None:
+        """After a chunk's launch (nothing by default)."""
+
+
+class ResidentSteps(ChunkedGraphSteps):
     """Owns the device arrays of the resident driver and runs chunks of steps as CUDA graphs.
 
     Takes over a :class:`~apps.md.distributed.DistributedState` built by the default driver (owned
@@ -366,7 +408,7 @@ class ResidentSteps:
         self.pending = 0
         self.n_chunks = self.n_redone = self.n_captures = 0
         self._state = state    # the state whose arrays the chunks change (snapshot and restore)
-        self._unverified = None   # (first step, steps, energy on the last) of the chunk not yet checked
+        self._unverified = None   # (first step, steps, energy on the last, step after) of the chunk not yet checked
         self._saved = {name: array.copy() for name, array in self._state_arrays().items()}
         self._graphs = {}
         self._stream = cupy.cuda.Stream(non_blocking=True)
@@ -378,41 +420,15 @@ class ResidentSteps:
             self._graph(state, self.chunk, energy_last)
 
     # -- the host-side step ----------------------------------------------------------------------
-    def step(self, state, compute_energy: bool, timers) -> None:
-        """Queue one step; launch the queued chunk when it is full or this step needs its energy."""
-        state.step += 1
-        self.pending += 1
-        if compute_energy or self.pending >= self.chunk:
-            self.flush(state, timers, energy_last=compute_energy)
-
-    def flush(self, state, timers=None, energy_last: bool = False) -> None:
-        """Verify the chunk launched before (waits for it), then launch the queued steps as one graph.
-
-        The new chunk is checked at the next flush or :meth:`settle`, so the host queues the next chunk's
-        steps while the GPU runs this one.
-        """
-        self._verify(state, timers)
-        n_steps = self.pending
-        if n_steps == 0:
-            return
-        with _phase(timers, "compute"):
-            self._launch(state, n_steps, energy_last)
-        self._unverified = (state.step - n_steps, n_steps, energy_last)
-        self.pending = 0
-        self.n_chunks += 1
+    def _chunk_launched(self, state, energy_last: bool) -> None:
         if energy_last:
             state.per_atom_energy, state.energy_step = (self.per_atom[0], self.per_atom[1]), state.step
-
-    def settle(self, state, timers=None) -> None:
-        """Run and verify every queued step: the state is then exact and current (one synchronisation)."""
-        self.flush(state, timers)
-        self._verify(state, timers)
 
     def _verify(self, state, timers=None) -> None:
         """Read the control words of the last launched chunk; after an overflow, grow and run it again."""
         if self._unverified is None:
             return
-        start_step, n_steps, energy_last = self._unverified
+        start_step, n_steps, energy_last, _ = self._unverified
         while True:
             control = self.control.get()   # waits for the chunk: the one synchronisation per chunk
             if control[_NEIGHBORS_NEEDED] <= self.neighbor_capacity and control[_CELL_NEEDED] <= self.cell_capacity:

@@ -67,7 +67,8 @@ from ._arrays import THREADS_PER_BLOCK, blocks_for, raw_kernel
 from .cells import make_cell_grid
 from .forces import lanes_per_atom
 from .neighbors import GROWTH, NeighborList
-from .resident import DEFAULT_CHUNK, MAX_GRAPHS, _phase, graph_conditionals_here, rebuild_skip
+from .resident import (DEFAULT_CHUNK, MAX_GRAPHS, ChunkedGraphSteps, _phase, graph_conditionals_here,
+                       rebuild_skip)
 from .watch import NOT_EXCEEDED
 
 #: Device words (``words`` array; the kernels' #defines): see resident_slab_kernels.
@@ -127,7 +128,7 @@ def _kernel(name, dtype=None):
     return raw_kernel(source, names, f"{name}<{real}>")
 
 
-class SlabResidentSteps:
+class SlabResidentSteps(ChunkedGraphSteps):
     """Owns the fixed-capacity device arrays of one slab and runs chunks of steps as CUDA graphs.
 
     Takes over a :class:`~apps.md.distributed.DistributedState` built by the default driver (owned atoms
@@ -229,30 +230,9 @@ class SlabResidentSteps:
         near = max(int((along < lower + distance).sum()), int((along >= upper - distance).sum()))
         return int(self.comm.allreduce(near, "max"))
 
-    # -- the host-side step (as apps.md.resident.ResidentSteps) ----------------------------------------
-    def step(self, state, compute_energy: bool, timers) -> None:
-        """Queue one step; launch the queued chunk when it is full or this step needs its energy."""
-        state.step += 1
-        self.pending += 1
-        if compute_energy or self.pending >= self.chunk:
-            self.flush(state, timers, energy_last=compute_energy)
-
-    def flush(self, state, timers=None, energy_last: bool = False) -> None:
-        """Verify the chunk launched before (collective), then launch the queued steps as one graph."""
-        self._verify(state, timers)
-        n_steps = self.pending
-        if n_steps == 0:
-            return
-        with _phase(timers, "compute"):
-            self._graph(n_steps, energy_last).launch()
-        self._unverified = (state.step - n_steps, n_steps, energy_last, state.step)
-        self.pending = 0
-        self.n_chunks += 1
-
-    def settle(self, state, timers=None) -> None:
-        """Collective: run and verify every queued step; the state's views are then exact and current."""
-        self.flush(state, timers)
-        self._verify(state, timers)
+    # -- the host-side step: step / flush / settle from ChunkedGraphSteps (collective here) -------------
+    def _launch(self, state, n_steps: int, energy_last: bool) -> None:
+        self._graph(n_steps, energy_last).launch()
 
     def energy(self, state, forces) -> None:
         """Per-atom E_pair and W of the current positions into ``state.per_atom_energy``.
@@ -315,7 +295,7 @@ class SlabResidentSteps:
             self._grow(needed)
             self._build_from_reference()
             with _phase(timers, "compute"):
-                self._graph(n_steps, energy_last).launch()
+                self._launch(state, n_steps, energy_last)
         self._unverified = None
         self._publish(state, int(words[W_OWNED]))
         state.n_builds = self.builds_base + int(words[W_BUILDS])
