@@ -47,7 +47,8 @@ def test_if_nodes_run_their_bodies_only_when_the_word_allows(cupy):
     assert graph_conditional.works(cupy.cuda.Device().id)
     word = cupy.zeros(1, dtype=cupy.int32)
     counter = cupy.zeros(3, dtype=cupy.int32)
-    add = cupy.ElementwiseKernel("int32 amount", "raw int32 c", "atomicAdd(&c[i], amount)", "test_conditional_add")
+    add = cupy.ElementwiseKernel("raw int32 amount", "raw int32 c", "atomicAdd(&c[i], amount[i])",
+                                 "test_conditional_add")
     stream = cupy.cuda.Stream(non_blocking=True)
     steps = 5
     one, hundred = cupy.ones(3, dtype=cupy.int32), cupy.full(3, 100, dtype=cupy.int32)   # no allocation inside
