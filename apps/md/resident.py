@@ -17,10 +17,10 @@ can stay on the device, and the step becomes a fixed chain of kernels::
 
 Kernels marked [flag] return at once unless the first half raised the flag (in the captured graphs they
 also sit in a CUDA graph IF node, :data:`GRAPH_CONDITIONALS`, skipped as a whole on steps without a
-rebuild), so every step launches the same kernels with the same arguments, and a *chunk* of steps (``check_interval``, 25 by default) is
-captured once and replayed as one CUDA graph: one host call and one device-to-host read per chunk. The
-read of a chunk's control words happens when the next chunk is launched (or at :meth:`ResidentSteps.settle`),
-so the host queues the next steps while the GPU runs; each graph starts by copying what it changes
+rebuild), so every step launches the same kernels with the same arguments, and a *chunk* of steps
+(``check_interval``, 25 by default) is captured once and replayed as one CUDA graph: one host call and
+one device-to-host read per chunk. The read of a chunk's control words happens when the next chunk is
+launched (or at :meth:`ResidentSteps.settle`), so the host queues the next steps while the GPU runs; each graph starts by copying what it changes
 (positions, velocities, forces, images, reference positions, control words) into snapshot buffers.
 
 No ghost atoms: periodic images come from the minimum-image convention, valid when the box is at least

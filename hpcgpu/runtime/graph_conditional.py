@@ -2,8 +2,8 @@
 
 A captured graph replays a fixed chain of kernels. Work that is needed only on some replays (a
 neighbour-list rebuild, say) is usually written as kernels that read a device flag and return at
-once; in a graph each such kernel still costs a node launch (about 2-3 µs on an H200, even
-empty). CUDA 12.4 added *conditional nodes*: an IF node runs its body graph only when a
+once; in a graph each such kernel still costs a node launch (on an H200 about 5 µs for a grid
+over 2M rows that returns at once: ``benchmarks/graph_conditional_probe.py``). CUDA 12.4 added *conditional nodes*: an IF node runs its body graph only when a
 condition value, set on the device by ``cudaGraphSetConditional`` in an earlier kernel, is
 non-zero. CuPy exposes none of this, so it is done here with the driver API (``libcuda`` through
 ctypes), in the middle of a capture that CuPy started::
@@ -23,8 +23,8 @@ callbacks or NCCL calls that need them. A handle steers exactly one conditional 
 refuses a second node on it: CUDA_ERROR_INVALID_VALUE); it is reset to ``default`` at every graph
 launch.
 
-Device code sets the condition with :data:`CONDITION_SOURCE` (declarations NVRTC accepts without
-the CUDA headers; the call needs no device-runtime linking).
+Device code sets the condition after :data:`CONDITION_SOURCE` (declarations NVRTC accepts without
+the CUDA headers); :func:`load_module` compiles it to PTX and loads that.
 
 Requires a driver with CUDA 12.4+ (:func:`available` says whether this one has the entry points).
 CuPy is imported inside the functions: importing this module needs no GPU.
