@@ -20,8 +20,9 @@ also sit in a CUDA graph IF node, :data:`GRAPH_CONDITIONALS`, skipped as a whole
 rebuild), so every step launches the same kernels with the same arguments, and a *chunk* of steps
 (``check_interval``, 25 by default) is captured once and replayed as one CUDA graph: one host call and
 one device-to-host read per chunk. The read of a chunk's control words happens when the next chunk is
-launched (or at :meth:`ResidentSteps.settle`), so the host queues the next steps while the GPU runs; each graph starts by copying what it changes
-(positions, velocities, forces, images, reference positions, control words) into snapshot buffers.
+launched (or at :meth:`ResidentSteps.settle`), so the host queues the next steps while the GPU runs;
+each graph starts by copying what it changes (positions, velocities, forces, images, reference
+positions, control words) into snapshot buffers.
 
 No ghost atoms: periodic images come from the minimum-image convention, valid when the box is at least
 three cells of ``cutoff + skin`` on every axis (then the 27 neighbour cells are distinct); smaller boxes,
