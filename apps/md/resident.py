@@ -353,6 +353,39 @@ class ChunkedGraphSteps:
     def _chunk_launched(self, state, energy_last: bool) -> None:
         """After a chunk's launch (nothing by default)."""
 
+    def _launch(self, state, n_steps: int, energy_last: bool) -> None:
+        """Run ``n_steps`` steps (energy on the last one if asked) as one graph."""
+        self._graph(n_steps, energy_last).launch()
+
+    def _graph(self, n_steps: int, energy_last: bool):
+        """The graph of ``n_steps`` steps (energy on the last one if asked), captured on first use from the
+        subclass's ``_record_save()`` and ``_record_step(energy)`` on its private stream ``_stream``, the
+        [flag] kernels in IF nodes where they work (collective with several ranks: NCCL calls are captured
+        on every rank in the same order)."""
+        key = (n_steps, bool(energy_last))
+        graph = self._graphs.get(key)
+        if graph is None:
+            if len(self._graphs) >= MAX_GRAPHS:
+                self._graphs.clear()   # the host synchronised after every launch: none is running
+            conditionals = graph_conditionals_here()
+            # Capture on the private stream; ``on_stream`` keeps the compute stream current afterwards.
+            with on_stream(self._stream):
+                self._stream.begin_capture()
+                try:
+                    self._skip = rebuild_skip(self._stream if conditionals else None, self.watch)
+                    self._record_save()
+                    for number in range(n_steps):
+                        self._record_step(energy_last and number == n_steps - 1)
+                finally:
+                    self._skip = rebuild_skip(None, self.watch)
+                    graph = self._stream.end_capture()
+            upload = getattr(graph, "upload", None)
+            if upload is not None:
+                upload()   # device-side setup now, not inside the first launch
+            self._graphs[key] = graph
+            self.n_captures += 1
+        return graph
+
 
 class ResidentSteps(ChunkedGraphSteps):
     """Owns the device arrays of the resident driver and runs chunks of steps as CUDA graphs.
@@ -418,7 +451,7 @@ class ResidentSteps(ChunkedGraphSteps):
         # Capture the usual chunks now (setup), not in the first steps: a capture costs milliseconds of
         # Python while the GPU waits.
         for energy_last in (False, True):
-            self._graph(state, self.chunk, energy_last)
+            self._graph(self.chunk, energy_last)
 
     # -- the host-side step ----------------------------------------------------------------------
     def _chunk_launched(self, state, energy_last: bool) -> None:
@@ -498,13 +531,13 @@ class ResidentSteps(ChunkedGraphSteps):
              self.neighbors, self.counts, self.watch, self.control, np.int32(count_build),
              np.int32(self.build_lanes.bit_length() - 1), *(self.real(0),) * 3, np.int32(7), np.uint64(0)))
 
-    def _record_step(self, state, energy: bool) -> None:
-        """Queue one whole step (the chain in the module docstring)."""
+    def _record_step(self, energy: bool) -> None:
+        """Queue one whole step of the state taken over (the chain in the module docstring)."""
         from .forces import compute_forces_periodic
         from .integrate import langevin_forces, velocity_verlet_second_half
         from .watch import first_half_and_watch
 
-        config = self.config
+        config, state = self.config, self._state
         _kernel("md_resident_begin")((blocks_for(max(self.n_cells, 1)),), (THREADS_PER_BLOCK,),
                                      (self.counter, self.watch, self.cell_count, np.int32(self.n_cells)))
         first_half_and_watch(state.positions, state.velocities, state.forces, state.masses, config.dt, self.reference,
@@ -517,36 +550,6 @@ class ResidentSteps(ChunkedGraphSteps):
             langevin_forces(state.forces, state.velocities, state.masses, state.atom_ids, config.temperature,
                             config.damping, config.dt, config.seed, 0, step_counter=self.counter)
         velocity_verlet_second_half(state.velocities, state.forces, state.masses, config.dt)
-
-    def _launch(self, state, n_steps: int, energy_last: bool) -> None:
-        """Run ``n_steps`` steps (energy on the last one if asked) as one graph."""
-        self._graph(state, n_steps, energy_last).launch()
-
-    def _graph(self, state, n_steps: int, energy_last: bool):
-        """The graph of ``n_steps`` steps (energy on the last one if asked), captured on first use."""
-        key = (n_steps, bool(energy_last))
-        graph = self._graphs.get(key)
-        if graph is None:
-            if len(self._graphs) >= MAX_GRAPHS:
-                self._graphs.clear()   # the host synchronised after every launch: none is running
-            # Capture on a private stream; ``on_stream`` keeps the compute stream current afterwards.
-            conditionals = graph_conditionals_here()
-            with on_stream(self._stream):
-                self._stream.begin_capture()
-                try:
-                    self._skip = rebuild_skip(self._stream if conditionals else None, self.watch)
-                    self._record_save()
-                    for number in range(n_steps):
-                        self._record_step(state, energy_last and number == n_steps - 1)
-                finally:
-                    self._skip = rebuild_skip(None, self.watch)
-                    graph = self._stream.end_capture()
-            upload = getattr(graph, "upload", None)
-            if upload is not None:
-                upload()   # device-side setup now, not inside the first launch
-            self._graphs[key] = graph
-            self.n_captures += 1
-        return graph
 
     # -- builds, overflow and redo -----------------------------------------------------------------
     def _build_from_reference(self, state) -> None:

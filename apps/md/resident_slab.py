@@ -60,15 +60,12 @@ import weakref
 
 import numpy as np
 
-from hpcgpu.arch import on_stream
-
 from . import resident_slab_kernels
 from ._arrays import THREADS_PER_BLOCK, blocks_for, raw_kernel
 from .cells import make_cell_grid
 from .forces import lanes_per_atom
 from .neighbors import GROWTH, NeighborList
-from .resident import (DEFAULT_CHUNK, MAX_GRAPHS, ChunkedGraphSteps, _phase, graph_conditionals_here,
-                       rebuild_skip)
+from .resident import DEFAULT_CHUNK, ChunkedGraphSteps, _phase, graph_conditionals_here, rebuild_skip
 from .watch import NOT_EXCEEDED
 
 #: Device words (``words`` array; the kernels' #defines): see resident_slab_kernels.
@@ -230,10 +227,7 @@ class SlabResidentSteps(ChunkedGraphSteps):
         near = max(int((along < lower + distance).sum()), int((along >= upper - distance).sum()))
         return int(self.comm.allreduce(near, "max"))
 
-    # -- the host-side step: step / flush / settle from ChunkedGraphSteps (collective here) -------------
-    def _launch(self, state, n_steps: int, energy_last: bool) -> None:
-        self._graph(n_steps, energy_last).launch()
-
+    # -- the host-side step, the chunks' graphs: ChunkedGraphSteps (collective here) -------------------------
     def energy(self, state, forces) -> None:
         """Per-atom E_pair and W of the current positions into ``state.per_atom_energy``.
 
@@ -754,32 +748,6 @@ class SlabResidentSteps(ChunkedGraphSteps):
     def _record_save(self) -> None:
         for name, array in self._snapshot_arrays().items():
             self._saved[name].data.copy_from_device_async(array.data, array.nbytes)
-
-    def _graph(self, n_steps: int, energy_last: bool):
-        """The graph of ``n_steps`` steps (energy on the last one if asked), captured on first use (collective:
-        NCCL calls are captured on every rank in the same order)."""
-        key = (n_steps, bool(energy_last))
-        graph = self._graphs.get(key)
-        if graph is None:
-            if len(self._graphs) >= MAX_GRAPHS:
-                self._graphs.clear()
-            conditionals = graph_conditionals_here()
-            with on_stream(self._stream):
-                self._stream.begin_capture()
-                try:
-                    self._skip = rebuild_skip(self._stream if conditionals else None, self.watch)
-                    self._record_save()
-                    for number in range(n_steps):
-                        self._record_step(energy_last and number == n_steps - 1)
-                finally:
-                    self._skip = rebuild_skip(None, self.watch)
-                    graph = self._stream.end_capture()
-            upload = getattr(graph, "upload", None)
-            if upload is not None:
-                upload()
-            self._graphs[key] = graph
-            self.n_captures += 1
-        return graph
 
     # -- builds outside the graphs ----------------------------------------------------------------------------
     def _nccl_warm_up(self) -> None:
