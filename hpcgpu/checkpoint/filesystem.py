@@ -110,9 +110,13 @@ def wait_for_removals() -> None:
 
 
 def _being_removed(path: Path) -> bool:
+    """True if ``path`` was handed to a removal thread not yet reaped, alive or just finished.
+
+    Asking whether the thread is still alive would race with it: a thread that ends between the
+    caller's directory listing and this check would leave the caller removing the same tree.
+    """
     with _removals_lock:
-        thread = _removals.get(path)
-    return thread is not None and thread.is_alive()
+        return path in _removals
 
 
 def fault_point(name: str, rank: int) -> None:
