@@ -50,6 +50,7 @@ import numpy as np
 
 from hpcgpu.arch import on_stream
 from hpcgpu.errors import ConfigurationError
+from hpcgpu.runtime.capture import capture_graph
 
 from ._arrays import THREADS_PER_BLOCK, blocks_for, raw_kernel
 from .cells import make_cell_grid
@@ -368,17 +369,19 @@ class ChunkedGraphSteps:
             if len(self._graphs) >= MAX_GRAPHS:
                 self._graphs.clear()   # the host synchronised after every launch: none is running
             conditionals = graph_conditionals_here()
-            # Capture on the private stream; ``on_stream`` keeps the compute stream current afterwards.
-            with on_stream(self._stream):
-                self._stream.begin_capture()
+
+            def record():
+                self._skip = rebuild_skip(self._stream if conditionals else None, self.watch)
                 try:
-                    self._skip = rebuild_skip(self._stream if conditionals else None, self.watch)
                     self._record_save()
                     for number in range(n_steps):
                         self._record_step(energy_last and number == n_steps - 1)
                 finally:
                     self._skip = rebuild_skip(None, self.watch)
-                    graph = self._stream.end_capture()
+
+            # Capture on the private stream; ``on_stream`` keeps the compute stream current afterwards.
+            with on_stream(self._stream):
+                graph = capture_graph(self._stream, record)
             upload = getattr(graph, "upload", None)
             if upload is not None:
                 upload()   # device-side setup now, not inside the first launch

@@ -60,6 +60,8 @@ import weakref
 
 import numpy as np
 
+from hpcgpu.runtime.capture import when_not_capturing
+
 from . import resident_slab_kernels
 from ._arrays import THREADS_PER_BLOCK, blocks_for, raw_kernel
 from .cells import make_cell_grid
@@ -239,18 +241,20 @@ class SlabResidentSteps(ChunkedGraphSteps):
         state.per_atom_energy, state.energy_step = (self.per_atom[0, :n], self.per_atom[1, :n]), state.step
 
     def close(self) -> None:
-        """Wait for the device, then drop the graphs (they hold NCCL operations: they must go while the NCCL
-        communicator lives, not in the interpreter's teardown). Also run for every live instance at exit."""
-        import cupy
-
-        if self._graphs:
-            cupy.cuda.Device().synchronize()
-            self._graphs.clear()
+        """Drop the graphs once the device has finished them (they hold NCCL operations: they must go while
+        the NCCL communicator lives, not in the interpreter's teardown). Also run for every live instance at
+        exit, and by the finaliser. While another driver captures a graph, the device synchronisation this
+        needs would break that capture: the graphs are then dropped right after it
+        (:func:`hpcgpu.runtime.capture.when_not_capturing`)."""
+        graphs, self._graphs = self._graphs, {}
+        if graphs:
+            when_not_capturing(lambda: _drop_after_device(graphs))
 
     def __del__(self):
         # NCCL waits in ncclCommDestroy for the graphs that captured its operations; when this object and
         # the communicator become garbage together (the state and this object refer to each other), the
-        # finalizer runs first and the graphs go before the communicator.
+        # finaliser runs first and the graphs go before the communicator. The garbage collector may run it
+        # in the middle of another instance's capture: close() then waits for that capture's end.
         try:
             self.close()
         except Exception:   # noqa: BLE001 -- interpreter teardown: CuPy may be gone already
@@ -809,6 +813,14 @@ _LIVE = weakref.WeakSet()
 def _close_live_instances() -> None:
     for steps in list(_LIVE):
         steps.close()
+
+
+def _drop_after_device(graphs: dict) -> None:
+    """Wait until the device is idle, then let ``graphs`` go (see :meth:`SlabResidentSteps.close`)."""
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+    graphs.clear()
 
 
 def _real_name(dtype) -> str:

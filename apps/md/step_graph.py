@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpcgpu.arch import on_stream
+from hpcgpu.runtime.capture import capture_graph
 
 from ._arrays import raw_kernel
 
@@ -102,11 +103,7 @@ class StepGraphs:
             # Not ``with self._stream:``: on exit CuPy would make the null stream current instead of
             # the stream set with ``Stream.use()`` (the compute stream), and later work would leave it.
             with on_stream(self._stream):
-                self._stream.begin_capture()
-                try:
-                    record()
-                finally:
-                    graph = self._stream.end_capture()
+                graph = capture_graph(self._stream, record)
             self._graphs[key] = graph
             self.n_captures += 1
         graph.launch()

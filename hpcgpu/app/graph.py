@@ -8,6 +8,8 @@ captured: the app asks its model (``capturable(n)``) before each replay.
 
 from __future__ import annotations
 
+from hpcgpu.runtime.capture import capture_graph
+
 
 class NullTimers:
     """Timers that record nothing (events cannot be timed inside a graph capture)."""
@@ -30,12 +32,13 @@ class StepGraph:
         self.arch, self.model, self.n_steps = arch, model, n_steps
         stream = arch.compute_stream
         step_index = model.step_index
-        stream.begin_capture()
-        try:
+        def record():
             for _ in range(n_steps):
                 model.step(NullTimers())
+
+        try:
+            self.graph = capture_graph(stream, record)
         finally:
-            self.graph = stream.end_capture()
             model.step_index = step_index
 
     def launch(self, timers) -> None:

@@ -36,6 +36,8 @@ import contextlib
 import ctypes
 import functools
 
+from hpcgpu.runtime.capture import capture_graph
+
 #: CUDA source that declares the device call; put it before kernels that set a condition.
 CONDITION_SOURCE = r"""
 typedef unsigned long long cudaGraphConditionalHandle;
@@ -272,13 +274,12 @@ def works(device_id: int = -1) -> bool:
             add(counter)   # compiled and loaded before the capture, as is the condition kernel:
             _unless_kernel(cupy.cuda.Device().id)
             counter.fill(0)
-            stream.begin_capture()
-            try:
-                skip = SkipUnless(stream, word, 0)
-                with skip.body():
+
+            def record():
+                with SkipUnless(stream, word, 0).body():
                     add(counter)
-            finally:
-                graph = stream.end_capture()
+
+            graph = capture_graph(stream, record)
             for value in (0, 7):
                 word.fill(np.int32(value))
                 graph.launch()

@@ -22,6 +22,7 @@ import functools
 import numpy as np
 
 from hpcgpu.errors import BackendError
+from hpcgpu.runtime.capture import capture_graph
 from hpcgpu.transport.events import exchange_event
 
 
@@ -138,11 +139,7 @@ class NcclTransport:
         graph = exchange.__dict__.get("_cuda_graph")
         if graph is None:
             with exchange.arch.on_stream(stream):
-                stream.begin_capture()
-                try:
-                    self._enqueue(exchange, stream)
-                finally:
-                    graph = stream.end_capture()
+                graph = capture_graph(stream, lambda: self._enqueue(exchange, stream))
             exchange._cuda_graph = graph
         return graph
 

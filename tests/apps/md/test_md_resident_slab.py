@@ -4,8 +4,9 @@ Most of its checks are the resident tests run on 2 ranks (tests/apps/md/test_md_
 against the CPU and the default GPU driver <= 1e-10 over 100 fp64 steps, list overflow redone bitwise,
 restart bitwise, reproducible runs; on one node they use the peer exchange). Here: the peer exchange
 (CUDA IPC stores) against NCCL's send/receive, bit for bit; the one-lane (k-major) list path; overflows of
-the message and row capacities redone bitwise with either exchange; and (CPU, CI) the decompositions it
-refuses and the exchange settings it rejects. GPU machine, 2 GPUs::
+the message and row capacities redone bitwise with either exchange; a finished run's driver finalised by
+the garbage collector inside the next driver's capture; and (CPU, CI) the decompositions it refuses and the
+exchange settings it rejects. GPU machine, 2 GPUs::
 
     mpirun -np 2 python -m pytest tests/apps/md/test_md_resident_slab.py -q
 """
@@ -124,3 +125,40 @@ def test_slab_row_ghost_and_migrant_overflow_is_redone_to_the_same_bits(comm, cu
     if comm.rank == 0:
         for name in ("positions", "velocities", "images"):
             np.testing.assert_array_equal(tight_atoms[name], roomy_atoms[name], err_msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi(ranks=[2], timeout=300)
+def test_a_driver_collected_during_the_next_ones_capture_changes_nothing(comm, cupy, monkeypatch):
+    """A driver and its state refer to each other, so the garbage collector finalises a finished run's
+    driver whenever it runs -- possibly in the middle of the next driver's graph capture. The finaliser drops
+    the graphs after a device synchronisation, which inside a capture would break it; it now waits for the
+    capture's end (hpcgpu.runtime.capture). Forced here: the collector runs inside the second capture."""
+    import gc
+
+    import hpcgpu
+    from hpcgpu.runtime import capture
+
+    hpcgpu.arch.auto(comm, backend="cupy", allow_sharing=True)
+    config = _config(thermostat="langevin", resident=True)
+    closes = []
+    close, save = resident_slab.SlabResidentSteps.close, resident_slab.SlabResidentSteps._record_save
+
+    def save_and_collect(self):
+        save(self)
+        if not closes:
+            gc.collect()
+
+    gc.disable()   # the first run's driver stays garbage until the collect inside the second capture
+    try:
+        first = _run(_state(comm, cupy, config), config, 30)
+        monkeypatch.setattr(resident_slab.SlabResidentSteps, "close",
+                            lambda self: (closes.append(capture.in_progress()), close(self)))
+        monkeypatch.setattr(resident_slab.SlabResidentSteps, "_record_save", save_and_collect)
+        second = _run(_state(comm, cupy, config), config, 30)
+    finally:
+        gc.enable()
+    assert closes[:1] == [True]   # the first driver was finalised inside the second one's capture
+    np.testing.assert_array_equal(first[0], second[0])
+    if comm.rank == 0:
+        np.testing.assert_array_equal(first[1]["positions"], second[1]["positions"])
