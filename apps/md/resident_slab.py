@@ -248,7 +248,8 @@ class SlabResidentSteps(ChunkedGraphSteps):
         (:func:`hpcgpu.runtime.capture.when_not_capturing`)."""
         graphs, self._graphs = self._graphs, {}
         if graphs:
-            when_not_capturing(lambda: _drop_after_device(graphs))
+            stream = self.__dict__.get("_stream")   # and its stream, when the finaliser is letting it go too
+            when_not_capturing(lambda: _drop_after_device(graphs, stream))
 
     def __del__(self):
         # NCCL waits in ncclCommDestroy for the graphs that captured its operations; when this object and
@@ -815,12 +816,14 @@ def _close_live_instances() -> None:
         steps.close()
 
 
-def _drop_after_device(graphs: dict) -> None:
-    """Wait until the device is idle, then let ``graphs`` go (see :meth:`SlabResidentSteps.close`)."""
+def _drop_after_device(graphs: dict, stream=None) -> None:
+    """Wait until the device is idle, then let ``graphs`` go (see :meth:`SlabResidentSteps.close`); ``stream``
+    is only kept alive until then."""
     import cupy
 
     cupy.cuda.Device().synchronize()
     graphs.clear()
+    del stream
 
 
 def _real_name(dtype) -> str:

@@ -79,9 +79,10 @@ def test_slab_driver_collected_during_a_capture_drops_its_graphs_after_it(monkey
     from apps.md import resident_slab
 
     log = []
-    monkeypatch.setattr(resident_slab, "_drop_after_device", lambda graphs: log.append(("drop", sorted(graphs))))
+    monkeypatch.setattr(resident_slab, "_drop_after_device", lambda graphs, stream: log.append(("drop", sorted(graphs), stream)))
     driver = resident_slab.SlabResidentSteps.__new__(resident_slab.SlabResidentSteps)
     driver._graphs = {(25, False): "graph a", (25, True): "graph b"}
+    driver._stream = "its stream"
     driver.cycle = driver   # garbage only the collector finds, as a driver and its state are
     del driver
 
@@ -90,14 +91,14 @@ def test_slab_driver_collected_during_a_capture_drops_its_graphs_after_it(monkey
         log.append("recorded")
 
     capture.capture_graph(RecordingStream(log), record)
-    assert log == ["begin", "recorded", "end", ("drop", [(25, False), (25, True)])]
+    assert log == ["begin", "recorded", "end", ("drop", [(25, False), (25, True)], "its stream")]
 
 
 def test_slab_driver_closed_outside_a_capture_drops_its_graphs_at_once(monkeypatch):
     from apps.md import resident_slab
 
     log = []
-    monkeypatch.setattr(resident_slab, "_drop_after_device", lambda graphs: log.append(len(graphs)))
+    monkeypatch.setattr(resident_slab, "_drop_after_device", lambda graphs, stream: log.append(len(graphs)))
     driver = resident_slab.SlabResidentSteps.__new__(resident_slab.SlabResidentSteps)
     driver._graphs = {(25, False): "graph"}
     driver.close()
