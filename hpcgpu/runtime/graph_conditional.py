@@ -8,13 +8,14 @@ condition value, set on the device by ``cudaGraphSetConditional`` in an earlier 
 non-zero. CuPy exposes none of this, so it is done here with the driver API (``libcuda`` through
 ctypes), in the middle of a capture that CuPy started::
 
-    stream.begin_capture()
-    conditions = GraphConditions(stream)          # the graph being captured
-    handle = conditions.new_handle()
-    set_condition_unless(handle, word, 0)         # a kernel: condition := word[0] != 0
-    with conditions.if_node(handle):              # launches in here go into the IF node's body
-        ...kernels on the current CuPy stream...
-    graph = stream.end_capture()
+    def record():                                 # run inside capture_graph (hpcgpu.runtime.capture)
+        conditions = GraphConditions(stream)      # the graph being captured
+        handle = conditions.new_handle()
+        set_condition_unless(handle, word, 0)     # a kernel: condition := word[0] != 0
+        with conditions.if_node(handle):          # launches in here go into the IF node's body
+            ...kernels on the current CuPy stream...
+
+    graph = capture_graph(stream, record)
 
 :class:`SkipUnless` wraps that pattern (and turns into plain launches outside a capture).
 

@@ -104,3 +104,14 @@ def test_slab_driver_closed_outside_a_capture_drops_its_graphs_at_once(monkeypat
     driver.close()
     driver.close()   # nothing left: no second drop
     assert log == [1] and driver._graphs == {}
+
+
+def test_every_capture_of_the_package_and_apps_goes_through_capture_graph():
+    """A capture begun elsewhere would not be counted, and a finaliser could synchronise inside it."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    counted = root / "hpcgpu" / "runtime" / "capture.py"
+    elsewhere = [str(path.relative_to(root)) for folder in ("hpcgpu", "apps") for path in (root / folder).rglob("*.py")
+                 if path != counted and ".begin_capture(" in path.read_text()]
+    assert elsewhere == []
