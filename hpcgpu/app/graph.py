@@ -32,6 +32,7 @@ class StepGraph:
         self.arch, self.model, self.n_steps = arch, model, n_steps
         stream = arch.compute_stream
         step_index = model.step_index
+
         def record():
             for _ in range(n_steps):
                 model.step(NullTimers())
