@@ -35,6 +35,27 @@ def test_neighbor_list_equals_brute_force_on_random_gas():
     assert all(i in sources[j] for i in range(positions.shape[0]) for j in sources[i])  # symmetric
 
 
+def test_list_order_is_the_27_cells_in_order_then_each_cell_in_atom_order():
+    """The order the GPU build kernel and the thermo's bits depend on: the cell block z, y, x, each cell's
+    atoms ascending (the stable counting sort), whatever way the CPU kernel walks it."""
+    positions, box = _random_gas()
+    all_positions, _, neighbor_list = neighbor_setup(positions, box, 2.5, 0.3)
+    grid = cells.make_cell_grid(np.zeros(3), box, 2.8, 2.8)
+    cell_list = cells.bin_atoms(all_positions, grid)
+    nx, ny, nz = grid.shape
+    cell_of = np.empty(all_positions.shape[0], dtype=int)
+    for cell in range(grid.n_cells):
+        cell_of[cell_list.cell_atoms[cell_list.cell_start[cell]:cell_list.cell_start[cell + 1]]] = cell
+    for i in range(positions.shape[0]):
+        cz, cy, cx = cell_of[i] // (nx * ny), cell_of[i] // nx % ny, cell_of[i] % nx
+        expected = [j for z in range(max(cz - 1, 0), min(cz + 2, nz)) for y in range(max(cy - 1, 0), min(cy + 2, ny))
+                    for x in range(max(cx - 1, 0), min(cx + 2, nx))
+                    for j in cell_list.cell_atoms[cell_list.cell_start[(z * ny + y) * nx + x]:
+                                                  cell_list.cell_start[(z * ny + y) * nx + x + 1]]
+                    if j != i and ((all_positions[j] - all_positions[i]) ** 2).sum() < 2.8 ** 2]
+        np.testing.assert_array_equal(neighbor_list.neighbors[:neighbor_list.counts[i], i], expected)
+
+
 def test_periodic_ghosts_are_shifted_copies_covering_the_shell():
     positions, box = _random_gas(n_atoms=200, box=(5.0, 6.0, 4.0))
     width = 2.8  # wider than half the z box: several images per axis
