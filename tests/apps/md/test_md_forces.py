@@ -76,6 +76,25 @@ def test_forces_match_numpy_reference_and_finite_differences(perturbed_fcc, vari
         assert -derivative == pytest.approx(result[atom, axis], rel=1e-6, abs=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("variant", ["plain", "shift", "force_shift"])
+def test_one_type_cpu_kernel_gives_the_general_kernels_bits(perturbed_fcc, variant, dtype):
+    positions, _, box, _ = perturbed_fcc
+    lj = potential.lennard_jones(cutoff=2.5, variant=variant)
+    all_positions, _, neighbor_list = neighbor_setup(positions, box, lj.max_cutoff, 0.3)
+    all_positions = all_positions.astype(dtype)
+    types = np.zeros(all_positions.shape[0], dtype=np.int32)
+    table = lj.pair_table(dtype=dtype)
+    results = []
+    for kernel in (forces._forces_cpu, forces._forces_cpu_one_type):
+        result = (np.empty((positions.shape[0], 3), dtype=dtype), np.empty(positions.shape[0]),
+                  np.empty(positions.shape[0]))
+        kernel(all_positions, types, neighbor_list.neighbors, neighbor_list.counts, table, *result)
+        results.append(result)
+    for general, one_type in zip(*results):
+        np.testing.assert_array_equal(one_type, general)
+
+
 def test_float32_forces_close_to_float64(perturbed_fcc):
     positions, types, box, _ = perturbed_fcc
     lj = potential.lennard_jones(cutoff=2.5)
