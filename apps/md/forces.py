@@ -179,6 +179,15 @@ def _per_atom_cpu(positions, types, neighbor_list, pair_table, forces):
     return energy_per_atom, virial_per_atom
 
 
+@numba.njit(inline="always")
+def _lj_pair(rsq, c12, c6, energy_shift):
+    """F(r)/r and E(r) of the 12-6 pair at squared distance ``rsq`` (float64 from here: the CPU kernels'
+    pair terms; the CUDA kernel writes the same expressions)."""
+    inv_r2 = 1.0 / rsq
+    inv_r6 = inv_r2 * inv_r2 * inv_r2
+    return (12.0 * c12 * inv_r6 - 6.0 * c6) * inv_r6 * inv_r2, (c12 * inv_r6 - c6) * inv_r6 - energy_shift
+
+
 #: Atoms per task of the one-type CPU kernel (each task allocates its scratch rows once).
 _CPU_ATOMS_PER_TASK = 256
 
@@ -208,10 +217,7 @@ def _forces_cpu_one_type(positions, types, neighbors, counts, table, forces, ene
                 dxs[k], dys[k], dzs[k] = dx, dy, dz
                 rsqs[k] = dx * dx + dy * dy + dz * dz
             for k in range(count):
-                inv_r2 = 1.0 / rsqs[k]
-                inv_r6 = inv_r2 * inv_r2 * inv_r2
-                forces_over_r[k] = (12.0 * c12 * inv_r6 - 6.0 * c6) * inv_r6 * inv_r2
-                pair_energies[k] = (c12 * inv_r6 - c6) * inv_r6 - energy_shift
+                forces_over_r[k], pair_energies[k] = _lj_pair(rsqs[k], c12, c6, energy_shift)
             if force_shift != 0.0:
                 for k in range(count):
                     r = math.sqrt(rsqs[k])
@@ -257,10 +263,7 @@ def _forces_cpu(positions, types, neighbors, counts, table, forces, energy_per_a
                 c12 = table[type_i, type_j, 0]
                 c6 = table[type_i, type_j, 1]
                 force_shift = table[type_i, type_j, 4]
-                inv_r2 = 1.0 / rsq
-                inv_r6 = inv_r2 * inv_r2 * inv_r2
-                force_over_r = (12.0 * c12 * inv_r6 - 6.0 * c6) * inv_r6 * inv_r2
-                pair_energy = (c12 * inv_r6 - c6) * inv_r6 - table[type_i, type_j, 3]
+                force_over_r, pair_energy = _lj_pair(rsq, c12, c6, table[type_i, type_j, 3])
                 if force_shift != 0.0:
                     r = math.sqrt(rsq)
                     force_over_r -= force_shift / r
