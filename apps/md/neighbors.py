@@ -145,14 +145,14 @@ def needs_rebuild(positions, neighbor_list: NeighborList) -> bool:
 
 def _build_once(positions, n_local, cell_list, grid, cutoff, neighbors, counts) -> int:
     """Run the build kernel once; return the largest neighbour count (may exceed the capacity)."""
-    inverse_size = (1.0 / grid.cell_size).astype(positions.dtype)
-    origin = grid.origin.astype(positions.dtype)
     shape = np.asarray(grid.shape, dtype=np.int32)
     if n_local == 0:
         return 0
     if _is_cupy(positions):
         import cupy
 
+        inverse_size = (1.0 / grid.cell_size).astype(positions.dtype)   # the kernel bins each atom itself
+        origin = grid.origin.astype(positions.dtype)
         needed = cupy.zeros(1, dtype=cupy.int32)
         real = positions.dtype.type
         real_name = "float" if positions.dtype == np.float32 else "double"
