@@ -7,7 +7,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABL
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 passed=0; failed=0
 for i in $(seq 1 20); do
-  [ "$(el)" -gt 480 ] && break
+  [ "$(el)" -gt 300 ] && break
   conditionals=$(( i % 3 == 0 ? 0 : 1 ))
   HPCGPU_GRAPH_CONDITIONALS=$conditionals timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE \
     tests/apps/md/test_md_resident.py -k "reproducible and ranks2" > $OUT/repro_$i.log 2>&1
