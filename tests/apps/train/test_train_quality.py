@@ -1,9 +1,11 @@
 """Quality check: the MNIST-1D baselines reach their published test accuracy.
 
-Greydanus (2020) reports ~68 % for the MLP and ~94 % for the CNN. Training is
-chaotic in float32, so BLAS differences between machines move the final accuracy
-by a few tenths of a percent; the assertions keep one point of margin and the
-test prints the measured numbers (run with -s to see them).
+Greydanus (2020) reports ~68 % for the MLP and ~94 % for the CNN. One run of
+6000 steps is chaotic: the seed, the rank count or the BLAS moves its final
+accuracy by a point or two (docs/train.md has 21-seed sweeps). So the app's
+default recipe is trained with three seeds and their mean must reach the
+published figure; no single seed may fall more than one point below it. The test
+prints the measured numbers (run with -s to see them).
 """
 
 import json
@@ -25,10 +27,12 @@ def test_mnist1d_mlp_and_cnn_reach_published_accuracy():
                                                                 os.environ.get("PYTHONPATH")])))
     completed = subprocess.run(
         [sys.executable, str(pathlib.Path(__file__).with_name("mnist1d_quality.py"))],
-        cwd=REPOSITORY, env=environment, capture_output=True, text=True, timeout=300,
+        cwd=REPOSITORY, env=environment, capture_output=True, text=True, timeout=600,
     )
     assert completed.returncode == 0, completed.stderr
     results = json.loads(completed.stdout.strip().splitlines()[-1])
     print("MNIST-1D quality:", results)
-    assert results["mlp"]["test_accuracy"] >= 0.67
-    assert results["cnn"]["test_accuracy"] >= 0.93
+    for model, published in (("mlp", 0.68), ("cnn", 0.94)):
+        assert results[model]["mean_test_accuracy"] >= published, (model, results[model])
+        assert all(run["test_accuracy"] >= published - 0.01 for run in results[model]["runs"]), \
+            (model, results[model])
