@@ -27,7 +27,7 @@ sweep() { local name=$1; shift
     > sweep_$name.log 2>&1; echo "[$name rc=$? $(el) s]"; tail -3 sweep_$name.log; }
 sweep mlp_1gpu --model mlp --seeds 0-15 --jobs 8 --gpus 2
 sweep cnn_1gpu --model cnn --seeds 0-15 --jobs 8 --gpus 2
-sweep mlp_2gpu --model mlp --seeds 0-7 --jobs 4 --ranks 2 --mpiexec mpirun --mpiexec-flags "--bind-to none"
-sweep cnn_2gpu --model cnn --seeds 0-7 --jobs 4 --ranks 2 --mpiexec mpirun --mpiexec-flags "--bind-to none"
+sweep mlp_2gpu --model mlp --seeds 0-7 --jobs 4 --ranks 2 --mpiexec mpirun --mpiexec-flags="--bind-to none"
+sweep cnn_2gpu --model cnn --seeds 0-7 --jobs 4 --ranks 2 --mpiexec mpirun --mpiexec-flags="--bind-to none"
 tar czf "$OUT/quality_logs.tgz" *.log *.json
 echo "done [$(el) s]"
