@@ -11,7 +11,7 @@ deep learning", as defined in the reference implementation's ``models.py``
   (125) and ``Linear(125, 10)``; 5,210 parameters.
 
 Parameters are initialised like PyTorch's defaults (uniform in +-1/sqrt(fan_in)).
-With the app's default recipes they reach 69-73 % and 94-96 % over seeds (docs/train.md).
+With the app's default recipes they reach about 71 % and 95 % (means over seeds, docs/train.md).
 """
 
 from .conv import Conv1d

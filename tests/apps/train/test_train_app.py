@@ -102,6 +102,16 @@ def test_help_lists_the_training_flags():
         assert flag in result.stdout
 
 
+def test_a_small_model_on_an_automatically_chosen_gpu_gets_a_hint():
+    from apps.train.app import launch_bound_note
+    from apps.train.models import large_mlp, mnist1d_mlp
+
+    assert "--backend numpy" in launch_bound_note(True, mnist1d_mlp().n_params, "auto")
+    assert launch_bound_note(True, mnist1d_mlp().n_params, "cupy") is None      # asked for explicitly
+    assert launch_bound_note(False, mnist1d_mlp().n_params, "auto") is None     # already on the CPU
+    assert launch_bound_note(True, large_mlp(1024, 1000, 2, 1024).n_params, "auto") is None
+
+
 def test_restart_latest_without_any_checkpoint_starts_from_the_beginning(tmp_path):
     """The first job of a requeue chain runs with --restart latest before any checkpoint exists."""
     result = run_mpi(1, [sys.executable, "-m", "apps.train", "--output", str(tmp_path / "out"), "--steps", "2",
