@@ -114,7 +114,8 @@ def build_parser(rank: int = 0):
     return parser
 
 
-def _fill_defaults(options):
+def fill_defaults(options):
+    """Replace the options left at None by the model's recipe (``RECIPES``); returns None."""
     recipe = RECIPES[options.model]
     for key in ("steps", "batch_size", "lr", "optimizer", "weight_decay", "warmup", "schedule"):
         if getattr(options, key) is None:
@@ -127,7 +128,7 @@ def validate(options, comm):
     """Check option values (replicated: every rank raises the same ConfigurationError)."""
     from .distributed import check_allreduce
 
-    _fill_defaults(options)
+    fill_defaults(options)
     if not options.lr > 0:
         raise ConfigurationError(f"--lr must be positive, got {options.lr}")
     if options.weight_decay < 0:

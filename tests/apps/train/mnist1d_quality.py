@@ -9,22 +9,21 @@ matrices run several times faster that way on 2 cores), or by hand:
 import json
 import time
 
-from apps.train.app import RECIPES
+from apps.train.app import build_parser, fill_defaults, train_config
 from apps.train.data import generate_mnist1d
 from apps.train.models import mnist1d_cnn, mnist1d_mlp
-from apps.train.trainer import TrainConfig, Trainer, fit, init_train_state
+from apps.train.trainer import Trainer, fit, init_train_state
+from hpcgpu.app.cli import parse_args
 
 MODELS = {"mlp": mnist1d_mlp, "cnn": mnist1d_cnn}
 SEEDS = (0, 1, 42)
 
 
-def recipe_config(name, seed):
-    """The ``TrainConfig`` that ``python -m apps.train --model NAME --seed SEED`` trains with."""
-    recipe = RECIPES[name]
-    return TrainConfig(optimizer=recipe["optimizer"], lr=recipe["lr"], weight_decay=recipe["weight_decay"],
-                       warmup_steps=recipe["warmup"],
-                       total_steps=recipe["steps"] if recipe["schedule"] == "cosine" else None,
-                       global_batch_size=recipe["batch_size"], seed=seed)
+def recipe(name, seed):
+    """``(TrainConfig, steps)`` of ``python -m apps.train --model NAME --seed SEED``."""
+    options = parse_args(build_parser(), ["--model", name, "--seed", str(seed)])
+    fill_defaults(options)
+    return train_config(options), options.steps
 
 
 def main():
@@ -33,10 +32,11 @@ def main():
     for name, make_model in MODELS.items():
         runs = []
         for seed in SEEDS:
-            trainer = Trainer(make_model(), recipe_config(name, seed))
+            config, steps = recipe(name, seed)
+            trainer = Trainer(make_model(), config)
             state = init_train_state(trainer)
             start = time.perf_counter()
-            history = fit(trainer, state, dataset, RECIPES[name]["steps"])
+            history = fit(trainer, state, dataset, steps)
             runs.append({"seed": seed, "test_accuracy": history["test_accuracy"][-1],
                          "wall_seconds": time.perf_counter() - start})
         results[name] = {"runs": runs, "n_params": trainer.model.n_params,
