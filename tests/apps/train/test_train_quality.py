@@ -36,3 +36,20 @@ def test_mnist1d_mlp_and_cnn_reach_published_accuracy():
         assert results[model]["mean_test_accuracy"] >= published, (model, results[model])
         assert all(run["test_accuracy"] >= published - 0.01 for run in results[model]["runs"]), \
             (model, results[model])
+
+
+def test_the_seed_sweep_script_reports_every_seed(tmp_path):
+    """``benchmarks/train_quality_seeds.py`` (docs/train.md) runs the app once per seed."""
+    pytest.importorskip("mnist1d")
+    summary = tmp_path / "sweep.json"
+    completed = subprocess.run(
+        [sys.executable, str(REPOSITORY / "benchmarks" / "train_quality_seeds.py"), "--seeds", "3,5",
+         "--jobs", "2", "--json", str(summary), "--", "--steps", "60", "--eval-every", "0"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr
+    results = json.loads(summary.read_text())["results"]
+    assert [r["seed"] for r in results] == [3, 5]
+    assert all(0.0 <= r["test_accuracy"] <= 1.0 and r["backend"] == "cpu" for r in results)
+    assert results[0]["test_loss"] != results[1]["test_loss"]       # the seed reached the app
+    assert "test accuracy over 2 seeds: mean" in completed.stdout
