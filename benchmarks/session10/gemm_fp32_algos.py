@@ -13,6 +13,7 @@ import cupy
 import torch
 
 from apps.train.gemm import gemm
+from benchmarks.train_profile import cupy_ms, torch_ms
 
 M, N = 16384, 4096
 FLOPS = 2.0 * M * N * N
@@ -20,25 +21,11 @@ REPS = 40
 
 
 def time_cupy(fn):
-    for _ in range(3):
-        fn()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for _ in range(REPS):
-        fn()
-    stop.record(); stop.synchronize()
-    return cupy.cuda.get_elapsed_time(start, stop) / REPS
+    return cupy_ms(fn, REPS, warmup=3)
 
 
 def time_torch(fn):
-    for _ in range(3):
-        fn()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPS):
-        fn()
-    stop.record(); stop.synchronize()
-    return start.elapsed_time(stop) / REPS
+    return torch_ms(fn, REPS, warmup=3)
 
 
 rng = cupy.random.default_rng(0)
