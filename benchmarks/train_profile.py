@@ -4,8 +4,9 @@ For the benchmark MLP of ``benchmarks/train_ddp.py`` (batch 2048, width 4096, 10
 classes, depth 8: 143M parameters) and each precision (fp32, fp16), this times with CUDA events:
 
 * one hidden layer's forward and backward: Linear 4096 -> 4096 (and its weight-gradient GEMM alone,
-  accumulating in place vs. the former temporary + add), LayerNorm, GELU(tanh) -- ours (fused
-  kernels) and, as "before", the former CuPy array expressions;
+  accumulating in place vs. the former temporary + add), LayerNorm, GELU(tanh), and LayerNorm with
+  GELU fused into its kernels (as the model runs them) -- ours and, as "before", the former CuPy
+  array expressions;
 * the loss (softmax cross-entropy), the whole-model forward and forward + backward;
 * the optimiser side over the whole 143M buffer: zeroing the gradients, the fp16 -> fp32 unscale,
   the sum of squares of the gradient norm (ours vs. the former ``float(g @ g)``), AdamW, the fp16
@@ -133,6 +134,8 @@ def profile_ours(options, precision):
     params = cupy.asarray(init_flat_parameters(block.layout, 0, "float32")).astype(dtype)
     block.bind(params, cupy.zeros_like(params))
     norm, gelu, linear = block.layers
+    # the block fuses LayerNorm -> GELU; the single-op rows time the layers on their own
+    norm.activation, gelu.fused_into = None, None
     rows["linear fwd"] = cupy_ms(lambda: linear.forward(x, ctx), repeats)
     linear.defer_bias = True     # as in the model, where a LayerNorm/GELU adds the bias
     rows["  linear fwd, bias folded"] = cupy_ms(lambda: linear.forward(x, ctx), repeats)
@@ -158,6 +161,9 @@ def profile_ours(options, precision):
         lambda: layer_norm_expressions(cupy, x, w, b, grad, gw, gb), repeats)
     rows["gelu fwd"] = cupy_ms(lambda: gelu.forward(x, ctx), repeats)
     rows["gelu bwd"] = cupy_ms(lambda: gelu.backward(grad), repeats)
+    norm.activation = "gelu"         # as in the model
+    rows["layernorm+gelu fwd"] = cupy_ms(lambda: norm.forward(x, ctx), repeats)
+    rows["layernorm+gelu bwd"] = cupy_ms(lambda: norm.backward(grad), repeats)
     rows["  gelu fwd (before)"] = cupy_ms(lambda: gelu_forward_expressions(cupy, x), repeats)
     rows["  gelu bwd (before)"] = cupy_ms(lambda: gelu_backward_expressions(cupy, x, grad), repeats)
     logits = rng.standard_normal((batch, options.classes), dtype=cupy.float32).astype(dtype)
@@ -241,6 +247,11 @@ def profile_torch(options, precision):
         y, [x, norm.weight, norm.bias], grad, retain_graph=True), repeats)
     y = F.gelu(x, approximate="tanh")
     rows["gelu bwd"] = torch_ms(lambda: torch.autograd.grad(y, [x], grad, retain_graph=True), repeats)
+    with torch.no_grad():
+        rows["layernorm+gelu fwd"] = torch_ms(lambda: F.gelu(norm(x), approximate="tanh"), repeats)
+    y = F.gelu(norm(x), approximate="tanh")
+    rows["layernorm+gelu bwd"] = torch_ms(lambda: torch.autograd.grad(
+        y, [x, norm.weight, norm.bias], grad, retain_graph=True), repeats)
     logits = torch.randn(batch, options.classes, device=device, dtype=dtype, requires_grad=True)
     labels = torch.randint(0, options.classes, (batch,), device=device)
 

@@ -12,6 +12,8 @@ depends on how CUDA and CuPy were installed).
 ``block_sum`` is a deterministic block-wide sum: warp shuffles, then one warp
 over the per-warp partials, always in the same order -- the same inputs give
 the same bits on every run, which the bitwise restart tests rely on.
+``GELU_FUNCTIONS`` holds the tanh-approximation GELU and its derivative, shared by
+the GELU kernels and the LayerNorm kernels that apply GELU to their output.
 """
 
 CUDA_HELPERS = r"""
@@ -91,6 +93,28 @@ __device__ M block_sum(M value, M* scratch) {
     value = scratch[32];
     __syncthreads();   // the caller may reuse scratch right away
     return value;
+}
+
+// VEC consecutive values of storage type S, moved as one 16-byte access when aligned
+template <typename S, int VEC>
+struct __align__(sizeof(S) * VEC) Pack { S value[VEC]; };
+"""
+
+GELU_FUNCTIONS = r"""
+__device__ __forceinline__ float math_tanh(float value) { return tanhf(value); }
+__device__ __forceinline__ double math_tanh(double value) { return tanh(value); }
+
+template <typename M>
+__device__ __forceinline__ M gelu_value(M v) {
+    const M inner = (M)0.7978845608028654 * (v + (M)0.044715 * v * v * v);
+    return (M)0.5 * v * ((M)1 + math_tanh(inner));
+}
+
+template <typename M>
+__device__ __forceinline__ M gelu_derivative(M v) {
+    const M t = math_tanh((M)0.7978845608028654 * (v + (M)0.044715 * v * v * v));
+    const M d_inner = (M)0.7978845608028654 * ((M)1 + (M)0.134145 * v * v);
+    return (M)0.5 * ((M)1 + t) + (M)0.5 * v * ((M)1 - t * t) * d_inner;
 }
 """
 

@@ -26,7 +26,7 @@ import functools
 import numpy as np
 
 from ._backend import array_module, check_float_array, is_cupy
-from ._cuda_source import CUDA_HELPERS, STORAGE_TYPES
+from ._cuda_source import CUDA_HELPERS, GELU_FUNCTIONS, STORAGE_TYPES
 
 SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
 GELU_CUBIC = 0.044715
@@ -103,26 +103,7 @@ def _check_bias(x, bias, function_name):
 
 # ----------------------------------------------------------------- GPU (CuPy) --
 
-_GELU_SOURCE = CUDA_HELPERS + r"""
-__device__ __forceinline__ float math_tanh(float value) { return tanhf(value); }
-__device__ __forceinline__ double math_tanh(double value) { return tanh(value); }
-
-template <typename M>
-__device__ __forceinline__ M gelu_value(M v) {
-    const M inner = (M)0.7978845608028654 * (v + (M)0.044715 * v * v * v);
-    return (M)0.5 * v * ((M)1 + math_tanh(inner));
-}
-
-template <typename M>
-__device__ __forceinline__ M gelu_derivative(M v) {
-    const M t = math_tanh((M)0.7978845608028654 * (v + (M)0.044715 * v * v * v));
-    const M d_inner = (M)0.7978845608028654 * ((M)1 + (M)0.134145 * v * v);
-    return (M)0.5 * ((M)1 + t) + (M)0.5 * v * ((M)1 - t * t) * d_inner;
-}
-
-template <typename S, int VEC>
-struct __align__(sizeof(S) * VEC) Pack { S value[VEC]; };
-
+_GELU_SOURCE = CUDA_HELPERS + GELU_FUNCTIONS + r"""
 // out = gelu(x + bias) (grad_out null) or grad_out * gelu'(x + bias). Each thread handles
 // packs of VEC consecutive elements (one 16-byte access per array when VEC > 1: the host
 // picks VEC = 1 unless the pointers are 16-byte aligned and n_cols is a multiple of VEC,

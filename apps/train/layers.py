@@ -242,18 +242,27 @@ class GELU(Layer):
 
     This is PyTorch's ``GELU(approximate="tanh")`` and the GPT-2 formula; it
     differs from the exact erf form by < 1e-3 and needs no erf on either backend.
+
+    When a :class:`LayerNorm` right before it applies the activation itself
+    (``fused_into``, set by :class:`apps.train.sequential.Sequential`), this layer
+    passes values and gradients through unchanged.
     """
 
     def __init__(self):
         super().__init__()
         self.bias_source = None   # a Linear whose deferred bias this layer adds
+        self.fused_into = None    # a LayerNorm that computes this activation
 
     def forward(self, x, ctx):
+        if self.fused_into is not None:
+            return x
         self._saved_input = x
         self._saved_input_bias = _input_bias(self.bias_source)
         return gelu_forward(x, self._saved_input_bias)
 
     def backward(self, grad_out):
+        if self.fused_into is not None:
+            return grad_out
         return gelu_backward(self._saved_input, grad_out, self._saved_input_bias)
 
 
@@ -263,6 +272,11 @@ class LayerNorm(Layer):
     ``y = (x - mean) / sqrt(var + eps) * weight + bias`` with the biased variance,
     ``weight`` initialised to 1 and ``bias`` to 0 (Ba, Kiros & Hinton 2016).
     Statistics are computed in float32 when the input is float16.
+
+    ``activation`` (``"gelu"``, set by :class:`apps.train.sequential.Sequential`
+    when a :class:`GELU` follows): the layer returns ``gelu(y)`` from the same
+    kernel and the GELU layer passes through -- one write and one read of the
+    activations less in each direction.
     """
 
     def __init__(self, normalized_size, eps=1e-5):
@@ -270,6 +284,7 @@ class LayerNorm(Layer):
         self.normalized_size = int(normalized_size)
         self.eps = float(eps)
         self.bias_source = None   # a Linear whose deferred bias this layer adds
+        self.activation = None    # "gelu": the following GELU is computed here
 
     def param_specs(self):
         return [ParamSpec("weight", (self.normalized_size,), "ones"),
@@ -283,7 +298,7 @@ class LayerNorm(Layer):
             )
         input_bias = _input_bias(self.bias_source)
         y, mean, inverse_std = layer_norm_forward(x, self.params["weight"], self.params["bias"],
-                                                  self.eps, input_bias)
+                                                  self.eps, input_bias, self.activation)
         self._saved_input = x
         self._saved_input_bias = input_bias
         self._saved_mean = mean
@@ -294,7 +309,7 @@ class LayerNorm(Layer):
         return layer_norm_backward(grad_out, self._saved_input, self._saved_mean,
                                    self._saved_inverse_std, self.params["weight"],
                                    self.grads["weight"], self.grads["bias"],
-                                   self._saved_input_bias)
+                                   self._saved_input_bias, self.params["bias"], self.activation)
 
 
 def _input_bias(bias_source):

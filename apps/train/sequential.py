@@ -31,7 +31,7 @@ is a layer with parameters followed by the parameter-free layers after it
 (``Linear, GELU, Dropout``); pass ``block_sizes`` to choose differently.
 """
 
-from .layers import BIAS_FOLDING_LAYERS, Dropout, Layer, Linear
+from .layers import BIAS_FOLDING_LAYERS, GELU, Dropout, Layer, LayerNorm, Linear
 from .params import ParamLayout
 
 
@@ -117,6 +117,7 @@ class Sequential:
             layer.assign_names(f"{index}.")
         self.recompute = bool(recompute)
         self._fold_biases()
+        self._fuse_activations()
         self.blocks = self._make_blocks(block_sizes)
         self._number_dropout_streams()
         self.layout = self._build_layout()
@@ -159,6 +160,14 @@ class Sequential:
                     and isinstance(following, BIAS_FOLDING_LAYERS)):
                 layer.defer_bias = True
                 following.bias_source = layer
+
+    def _fuse_activations(self):
+        """A LayerNorm followed by a GELU computes the activation in its own kernels."""
+        for layer, following in zip(self.layers, self.layers[1:]):
+            if (isinstance(layer, LayerNorm) and type(following) is GELU
+                    and following.bias_source is None):
+                layer.activation = "gelu"
+                following.fused_into = layer
 
     def _number_dropout_streams(self):
         used = {leaf.stream for leaf in self.leaves() if isinstance(leaf, Dropout)}

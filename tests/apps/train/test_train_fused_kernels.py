@@ -174,3 +174,90 @@ def test_fused_mixed_step_skips_exactly_on_overflow(xp):
     params = host(state.precision.master_params)
     assert np.max(np.abs(params - before)) > 1e-4
     assert np.array_equal(host(state.precision.compute_params), params.astype(np.float16))
+
+
+# ------------------------------------------------------------- LayerNorm + GELU --
+
+def _layer_norm_gelu_inputs(xp, dtype, shape, offset, seed=6):
+    """x, grad (views starting ``offset`` elements into their buffers: 1 takes the
+    one-value-at-a-time path), weight, bias, input bias."""
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(shape))
+
+    def placed(values):
+        buffer = xp.zeros(n + offset, dtype=dtype)
+        buffer[offset:] = xp.asarray(values.reshape(-1).astype(dtype))
+        return buffer[offset:].reshape(shape)
+
+    x = placed(1.0 + 2.0 * rng.standard_normal(shape))
+    grad = placed(rng.standard_normal(shape))
+    n_cols = shape[-1]
+    weight = xp.asarray((1.0 + 0.5 * rng.standard_normal(n_cols)).astype(dtype))
+    bias = xp.asarray((0.3 * rng.standard_normal(n_cols)).astype(dtype))
+    input_bias = xp.asarray((0.2 * rng.standard_normal(n_cols)).astype(dtype))
+    return x, grad, weight, bias, input_bias
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("shape,offset", [((70, 96), 0), ((70, 96), 1), ((33, 4096), 0),
+                                          ((5, 250), 0), ((3, 20000), 0)])
+def test_layer_norm_gelu_equals_the_separate_kernels(xp, dtype, shape, offset):
+    """activation="gelu" gives bitwise what the separate GELU kernels compute from the
+    stored LayerNorm output, in both directions, for every kernel path: rows in registers
+    (16-byte packs, or one value at a time for a misaligned view or a row length that is
+    not a multiple of the pack) and the any-length kernels (20,000 features)."""
+    x, grad, weight, bias, input_bias = _layer_norm_gelu_inputs(xp, dtype, shape, offset)
+    n_cols = shape[-1]
+    fused, mean, inverse_std = layer_norm_forward(x, weight, bias, 1e-5, input_bias, "gelu")
+    y, mean_ref, inverse_std_ref = layer_norm_forward(x, weight, bias, 1e-5, input_bias)
+    assert fused.dtype == dtype and fused.shape == shape
+    assert np.array_equal(host(fused), host(gelu_forward(y)))
+    assert np.array_equal(host(mean), host(mean_ref))
+    assert np.array_equal(host(inverse_std), host(inverse_std_ref))
+
+    grad_w, grad_b = xp.ones(n_cols, dtype=dtype), xp.ones(n_cols, dtype=dtype)
+    grad_w_ref, grad_b_ref = xp.ones(n_cols, dtype=dtype), xp.ones(n_cols, dtype=dtype)
+    grad_x = layer_norm_backward(grad, x, mean, inverse_std, weight, grad_w, grad_b, input_bias,
+                                 bias, "gelu")
+    grad_x_ref = layer_norm_backward(gelu_backward(y, grad), x, mean, inverse_std, weight,
+                                     grad_w_ref, grad_b_ref, input_bias)
+    for result, reference in ((grad_x, grad_x_ref), (grad_w, grad_w_ref), (grad_b, grad_b_ref)):
+        assert np.array_equal(host(result), host(reference))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape,offset", [((70, 96), 0), ((70, 96), 1), ((300, 4096), 0),
+                                          ((3, 20000), 0)])
+def test_layer_norm_gelu_matches_float64_reference(xp, dtype, shape, offset):
+    """Fused LayerNorm + GELU against a float64 NumPy formulation: output, input
+    gradient and accumulated parameter gradients."""
+    x, grad, weight, bias, input_bias = _layer_norm_gelu_inputs(xp, dtype, shape, offset)
+    g64, w64, b64 = (host(a).astype(np.float64) for a in (grad, weight, bias))
+    summed = (host(x) + host(input_bias)).astype(np.float64)      # the sum rounded to dtype
+    mean = summed.mean(-1, keepdims=True)
+    inverse_std = 1 / np.sqrt(((summed - mean) ** 2).mean(-1, keepdims=True) + 1e-5)
+    x_hat = (summed - mean) * inverse_std
+    y = x_hat * w64 + b64
+    t = np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y**3))
+    out_ref = 0.5 * y * (1 + t)
+    grad_y = g64 * (0.5 * (1 + t) + 0.5 * y * (1 - t * t) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * y * y))
+    gh = grad_y * w64
+    grad_x_ref = inverse_std * (gh - gh.mean(-1, keepdims=True) - x_hat * (gh * x_hat).mean(-1, keepdims=True))
+    rows = int(np.prod(shape[:-1]))
+    tolerance = 1e-11 if dtype == np.float64 else 3e-5
+
+    out, m, s = layer_norm_forward(x, weight, bias, 1e-5, input_bias, "gelu")
+    n_cols = shape[-1]
+    grad_w, grad_b = xp.zeros(n_cols, dtype=dtype), xp.zeros(n_cols, dtype=dtype)
+    grad_x = layer_norm_backward(grad, x, m, s, weight, grad_w, grad_b, input_bias, bias, "gelu")
+    assert max_relative_error(out, out_ref) <= tolerance
+    assert max_relative_error(grad_x, grad_x_ref) <= tolerance
+    assert max_relative_error(grad_w, (grad_y * x_hat).sum(0)) <= tolerance * np.sqrt(rows)
+    assert max_relative_error(grad_b, grad_y.sum(0)) <= tolerance * np.sqrt(rows)
+
+
+def test_layer_norm_rejects_unknown_activation(xp):
+    x = xp.zeros((2, 8), dtype=xp.float32)
+    ones = xp.ones(8, dtype=xp.float32)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        layer_norm_forward(x, ones, ones, 1e-5, activation="relu")

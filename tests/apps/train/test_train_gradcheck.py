@@ -92,6 +92,15 @@ def test_layernorm(rng):
     check_layers([LayerNorm(6)], (4, 6), rng)
 
 
+def test_layernorm_gelu_fused_after_linear(rng):
+    """Linear -> LayerNorm -> GELU: the Linear's bias is added by the LayerNorm kernel and
+    the GELU is computed by it too (the GELU layer passes through)."""
+    layers = [Linear(5, 6), LayerNorm(6), GELU(), Linear(6, 3)]
+    check_layers(layers, (4, 5), rng)
+    assert layers[1].activation == "gelu" and layers[2].fused_into is layers[1]
+    assert layers[0].defer_bias
+
+
 def test_dropout_in_training(rng):
     check_layers([Dropout(0.4)], (5, 7), rng, training=True)
 

@@ -126,3 +126,30 @@ def test_sequential_rejects_non_layers():
         Sequential([Linear(2, 2), "relu"])
     with pytest.raises(ValueError, match="sum to the number"):
         Sequential([Linear(2, 2), ReLU()], block_sizes=[1])
+
+
+def _unfuse(model):
+    """Undo the LayerNorm + GELU fusion: the GELU layers compute themselves again."""
+    for leaf in model.leaves():
+        if isinstance(leaf, LayerNorm):
+            leaf.activation = None
+        if isinstance(leaf, GELU):
+            leaf.fused_into = None
+    return model
+
+
+def test_layer_norm_gelu_fusion_changes_no_bit(rng):
+    """large_mlp's LayerNorm -> GELU pairs are fused; logits and gradients are bitwise those of
+    the separate layers, also when the pair is split across recomputation blocks."""
+    model = large_mlp(24, 5, 3, 8, dropout=0.1)
+    norms = [leaf for leaf in model.leaves() if isinstance(leaf, LayerNorm)]
+    assert len(norms) == 3 and all(norm.activation == "gelu" for norm in norms)
+    x = rng.standard_normal((9, 24))
+    labels = rng.integers(0, 5, size=9)
+    index = np.arange(9, dtype=np.int64)
+    fused = gradients(bound(model), x, labels, index, 9)
+    separate = gradients(bound(_unfuse(large_mlp(24, 5, 3, 8, dropout=0.1))), x, labels, index, 9)
+    assert np.array_equal(fused, separate)
+    # blocks [Linear, LayerNorm] [GELU, Dropout, Linear, LayerNorm] x 2 [GELU, Dropout, Linear, GELU, Linear]
+    split = Sequential(large_mlp(24, 5, 3, 8, dropout=0.1).layers, block_sizes=[2, 4, 4, 5], recompute=True)
+    assert np.array_equal(gradients(bound(split), x, labels, index, 9), separate)
