@@ -389,6 +389,8 @@ def _main(options, comm):
         env = environment(comm, arch)
     except Exception as exc:   # noqa: BLE001
         env = {"error": str(exc)}
+    if _TORCH_GROUP.pop("ready", None):      # PyTorch warns at exit otherwise
+        sys.modules["torch"].distributed.destroy_process_group()
     if comm.rank == 0 and options.json:
         record = {"benchmark": "train_ddp", "options": vars(options), "n_ranks": comm.size,
                   "device": arch.describe(), "torch": _torch_version(), "environment": env, "results": results}

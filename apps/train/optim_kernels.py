@@ -216,42 +216,77 @@ def _cupy_sgd_kernel():
 
 
 _ADAMW_SOURCE = CUDA_HELPERS + r"""
-// One element per thread per iteration, grid-stride. S: storage of the masters and
-// moments, G: storage of the gradients (float16 gradients with float32 masters in mixed
-// precision), arithmetic in M = float for float32 masters (PyTorch's fused AdamW) and
-// double for float64. copy: the float16 compute copy of the masters, or null.
-template <typename S, typename G>
+// S: storage of the masters and moments, G: storage of the gradients (float16 gradients with
+// float32 masters in mixed precision), arithmetic in M = float for float32 masters (PyTorch's
+// fused AdamW) and double for float64. copy: the float16 compute copy of the masters, or null.
+template <typename M>
+struct AdamWConstants {
+    M grad_scale, step_size, decay, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, sqrt_bc2;
+    float unscale;
+};
+
+// One element: updates param and the moments in place and returns the new parameter.
+template <typename M, typename S, typename G>
+__device__ __forceinline__ M adamw_element(const AdamWConstants<M>& c, const G* grads, long long i,
+                                           S& param, S& exp_avg, S& exp_avg_sq) {
+    // unscale in float32 first (exact: a power of two), as the unfused path's copy
+    const M unscaled = (M)(load_math(grads, i) * c.unscale);
+    const M g = unscaled * c.grad_scale;
+    const M m = c.beta1 * (M)exp_avg + c.one_minus_beta1 * g;
+    const M v = c.beta2 * (M)exp_avg_sq + c.one_minus_beta2 * g * g;
+    exp_avg = (S)m;
+    exp_avg_sq = (S)v;
+    const M p = (M)param * c.decay - c.step_size * m / (math_sqrt(v) / c.sqrt_bc2 + c.eps);
+    param = (S)p;
+    return p;
+}
+
+// Grid-stride over packs of VEC elements (one 16-byte access per float32 array when VEC = 4;
+// the host picks VEC = 1 unless every buffer is aligned for it), then the n % VEC tail.
+template <typename S, typename G, int VEC>
 __global__ void hpcgpu_train_adamw(
         S* params, const G* grads, S* exp_avg, S* exp_avg_sq, unsigned short* copy,
         long long n, float unscale, double grad_scale, double step_size, double decay,
         double beta1, double beta2, double one_minus_beta1, double one_minus_beta2, double eps,
         double sqrt_bias_correction2) {
     typedef typename MathType<S>::type M;
-    const M m_grad_scale = (M)grad_scale, m_step_size = (M)step_size, m_decay = (M)decay;
-    const M m_beta1 = (M)beta1, m_beta2 = (M)beta2, m_eps = (M)eps;
     // 1 - beta in double on the host, then rounded: in float32, 1 - (float)0.999 is off by 1.3e-5.
-    const M m_one_minus_beta1 = (M)one_minus_beta1, m_one_minus_beta2 = (M)one_minus_beta2;
-    const M m_sqrt_bc2 = (M)sqrt_bias_correction2;
+    const AdamWConstants<M> c = {(M)grad_scale, (M)step_size, (M)decay, (M)beta1, (M)beta2,
+                                 (M)one_minus_beta1, (M)one_minus_beta2, (M)eps,
+                                 (M)sqrt_bias_correction2, unscale};
+    const long long n_packs = n / VEC;
     const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        // unscale in float32 first (exact: a power of two), as the unfused path's copy
-        const M unscaled = (M)(load_math(grads, i) * unscale);
-        const M g = unscaled * m_grad_scale;
-        const M m = m_beta1 * (M)exp_avg[i] + m_one_minus_beta1 * g;
-        const M v = m_beta2 * (M)exp_avg_sq[i] + m_one_minus_beta2 * g * g;
-        exp_avg[i] = (S)m;
-        exp_avg_sq[i] = (S)v;
-        const M p = (M)params[i] * m_decay - m_step_size * m / (math_sqrt(v) / m_sqrt_bc2 + m_eps);
-        params[i] = (S)p;
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (long long pack = first; pack < n_packs; pack += stride) {
+        Pack<S, VEC> p = reinterpret_cast<Pack<S, VEC>*>(params)[pack];
+        Pack<S, VEC> m = reinterpret_cast<Pack<S, VEC>*>(exp_avg)[pack];
+        Pack<S, VEC> v = reinterpret_cast<Pack<S, VEC>*>(exp_avg_sq)[pack];
+        const Pack<G, VEC> g = reinterpret_cast<const Pack<G, VEC>*>(grads)[pack];
+        Pack<unsigned short, VEC> half;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            const M updated = adamw_element(c, g.value, k, p.value[k], m.value[k], v.value[k]);
+            store_math(half.value, k, (float)updated);
+        }
+        reinterpret_cast<Pack<S, VEC>*>(params)[pack] = p;
+        reinterpret_cast<Pack<S, VEC>*>(exp_avg)[pack] = m;
+        reinterpret_cast<Pack<S, VEC>*>(exp_avg_sq)[pack] = v;
         if (copy != nullptr) {
-            store_math(copy, i, (float)p);
+            reinterpret_cast<Pack<unsigned short, VEC>*>(copy)[pack] = half;
+        }
+    }
+    for (long long i = n_packs * VEC + first; i < n; i += stride) {
+        const M updated = adamw_element(c, grads, i, params[i], exp_avg[i], exp_avg_sq[i]);
+        if (copy != nullptr) {
+            store_math(copy, i, (float)updated);
         }
     }
 }
 """
 
-#: (storage of masters/moments, storage of gradients) instantiated.
-_ADAMW_TYPES = (("float", "float"), ("double", "double"), ("float", "unsigned short"))
+#: (storage of masters/moments, storage of gradients, elements per access) instantiated.
+_ADAMW_TYPES = (("float", "float", 1), ("float", "float", 4), ("double", "double", 1),
+                ("float", "unsigned short", 1), ("float", "unsigned short", 4))
 _THREADS = 256
 
 
@@ -260,7 +295,7 @@ def _adamw_module():
     import cupy
 
     return cupy.RawModule(code=_ADAMW_SOURCE, name_expressions=[
-        f"hpcgpu_train_adamw<{s}, {g}>" for s, g in _ADAMW_TYPES])
+        f"hpcgpu_train_adamw<{s}, {g}, {v}>" for s, g, v in _ADAMW_TYPES])
 
 
 @functools.lru_cache(maxsize=4)
@@ -271,6 +306,17 @@ def _max_blocks(device_id):
     return 8 * cupy.cuda.Device(device_id).attributes["MultiProcessorCount"]
 
 
+def _vector_width(params, grads, exp_avg, exp_avg_sq, copy):
+    """4 when float32 masters and every buffer allow 4-element accesses (16 bytes for float32,
+    8 for float16), else 1 (ZeRO shards and other views may start anywhere)."""
+    if params.dtype.name != "float32":
+        return 1
+    arrays = [params, grads, exp_avg, exp_avg_sq] + ([copy] if copy is not None else [])
+    if any(int(a.data.ptr) % (4 * a.dtype.itemsize) for a in arrays):
+        return 1
+    return 4
+
+
 def _adamw_cupy(params, grads, exp_avg, exp_avg_sq, copy, unscale, grad_scale, scalars):
     import cupy
 
@@ -278,10 +324,12 @@ def _adamw_cupy(params, grads, exp_avg, exp_avg_sq, copy, unscale, grad_scale, s
     n = int(params.size)
     if n == 0:
         return
+    width = _vector_width(params, grads, exp_avg, exp_avg_sq, copy)
     kernel = _adamw_module().get_function(
         f"hpcgpu_train_adamw<{STORAGE_TYPES[params.dtype.name]}, "
-        f"{STORAGE_TYPES[grads.dtype.name]}>")
-    n_blocks = int(min((n + _THREADS - 1) // _THREADS, _max_blocks(cupy.cuda.Device().id)))
+        f"{STORAGE_TYPES[grads.dtype.name]}, {width}>")
+    n_threads_needed = max(1, n // width)
+    n_blocks = int(min((n_threads_needed + _THREADS - 1) // _THREADS, _max_blocks(cupy.cuda.Device().id)))
     kernel((n_blocks,), (_THREADS,),
            (params, grads, exp_avg, exp_avg_sq, copy if copy is not None else np.uintp(0),
             np.int64(n), np.float32(unscale), np.float64(grad_scale),

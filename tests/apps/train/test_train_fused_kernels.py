@@ -59,6 +59,34 @@ def test_adamw_mixed_equals_unscale_step_and_cast(xp):
     assert np.array_equal(host(copy16), host(params).astype(np.float16))
 
 
+@pytest.mark.parametrize("mixed", [False, True])
+def test_adamw_views_at_any_offset_give_the_same_bits(xp, mixed):
+    """The GPU kernel moves 4 elements per access when every buffer is aligned for it and one at a
+    time otherwise (views of a flat buffer, ZeRO shards); the arithmetic per element is the same,
+    so both give the same bits, for a length that is not a multiple of 4."""
+    rng = np.random.default_rng(2)
+    n = 4099
+    values = {name: rng.standard_normal(n).astype(np.float32) for name in ("params", "m", "v", "g")}
+    values["v"] = np.abs(values["v"])
+    results = []
+    for offset in (0, 1):
+        def placed(array, dtype=np.float32):
+            buffer = xp.zeros(n + offset, dtype=dtype)
+            buffer[offset:] = xp.asarray(array.astype(dtype))
+            return buffer[offset:]
+        params, m, v = placed(values["params"]), placed(values["m"]), placed(values["v"])
+        if mixed:
+            copy16 = placed(np.zeros(n), np.float16)
+            adamw_update_mixed(params, placed(values["g"], np.float16), m, v, copy16, step=3,
+                               inverse_loss_scale=0.5, grad_scale=0.7, **ADAMW)
+            results.append([host(a) for a in (params, m, v, copy16)])
+        else:
+            adamw_update(params, placed(values["g"]), m, v, step=3, grad_scale=0.7, **ADAMW)
+            results.append([host(a) for a in (params, m, v)])
+    for aligned, shifted in zip(*results):
+        assert np.array_equal(aligned, shifted)
+
+
 def test_adamw_float32_gpu_math_close_to_float64_reference(xp):
     rng = np.random.default_rng(1)
     params = rng.standard_normal(4099).astype(np.float32)
