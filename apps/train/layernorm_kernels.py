@@ -461,6 +461,25 @@ __global__ void hpcgpu_train_layer_norm_backward_input(
     }
 }
 
+// In a (32, 8) block: the 8 row lanes' sums of each of the 32 features, added in lane order;
+// the totals land in sum_weight / sum_bias of the threads with threadIdx.y == 0.
+template <typename M>
+__device__ __forceinline__ void sum_row_lanes(M& sum_weight, M& sum_bias) {
+    __shared__ M tile_weight[8][33];
+    __shared__ M tile_bias[8][33];
+    tile_weight[threadIdx.y][threadIdx.x] = sum_weight;
+    tile_bias[threadIdx.y][threadIdx.x] = sum_bias;
+    __syncthreads();
+    if (threadIdx.y == 0) {
+        sum_weight = 0;
+        sum_bias = 0;
+        for (int lane = 0; lane < 8; ++lane) {
+            sum_weight += tile_weight[lane][threadIdx.x];
+            sum_bias += tile_bias[lane][threadIdx.x];
+        }
+    }
+}
+
 // Parameter-gradient partial sums over chunks of rows: block (32, 8) covers 32 features of one
 // chunk; threadIdx.y strides over the chunk's rows, then the 8 row lanes are summed in order.
 template <typename S, bool GELU>
@@ -470,8 +489,6 @@ __global__ void hpcgpu_train_layer_norm_backward_params_partial(
         typename MathType<S>::type* partial_weight, typename MathType<S>::type* partial_bias,
         long long n_rows, int n_cols, int rows_per_chunk) {
     typedef typename MathType<S>::type M;
-    __shared__ M tile_weight[8][33];
-    __shared__ M tile_bias[8][33];
     const int column = blockIdx.x * 32 + threadIdx.x;
     const long long row_start = (long long)blockIdx.y * rows_per_chunk;
     long long row_end = row_start + rows_per_chunk;
@@ -489,18 +506,10 @@ __global__ void hpcgpu_train_layer_norm_backward_params_partial(
             sum_bias += g;
         }
     }
-    tile_weight[threadIdx.y][threadIdx.x] = sum_weight;
-    tile_bias[threadIdx.y][threadIdx.x] = sum_bias;
-    __syncthreads();
+    sum_row_lanes(sum_weight, sum_bias);
     if (threadIdx.y == 0 && column < n_cols) {
-        M total_weight = 0;
-        M total_bias = 0;
-        for (int lane = 0; lane < 8; ++lane) {
-            total_weight += tile_weight[lane][threadIdx.x];
-            total_bias += tile_bias[lane][threadIdx.x];
-        }
-        partial_weight[(long long)blockIdx.y * n_cols + column] = total_weight;
-        partial_bias[(long long)blockIdx.y * n_cols + column] = total_bias;
+        partial_weight[(long long)blockIdx.y * n_cols + column] = sum_weight;
+        partial_bias[(long long)blockIdx.y * n_cols + column] = sum_bias;
     }
 }
 
@@ -512,8 +521,6 @@ __global__ void hpcgpu_train_layer_norm_backward_params_final(
         const typename MathType<S>::type* partial_bias,
         S* grad_weight, S* grad_bias, int n_chunks, int n_cols) {
     typedef typename MathType<S>::type M;
-    __shared__ M tile_weight[8][33];
-    __shared__ M tile_bias[8][33];
     const int column = blockIdx.x * 32 + threadIdx.x;
     M sum_weight = 0;
     M sum_bias = 0;
@@ -523,18 +530,10 @@ __global__ void hpcgpu_train_layer_norm_backward_params_final(
             sum_bias += partial_bias[(long long)chunk * n_cols + column];
         }
     }
-    tile_weight[threadIdx.y][threadIdx.x] = sum_weight;
-    tile_bias[threadIdx.y][threadIdx.x] = sum_bias;
-    __syncthreads();
+    sum_row_lanes(sum_weight, sum_bias);
     if (threadIdx.y == 0 && column < n_cols) {
-        M total_weight = 0;
-        M total_bias = 0;
-        for (int lane = 0; lane < 8; ++lane) {
-            total_weight += tile_weight[lane][threadIdx.x];
-            total_bias += tile_bias[lane][threadIdx.x];
-        }
-        store_math(grad_weight, column, load_math(grad_weight, column) + total_weight);
-        store_math(grad_bias, column, load_math(grad_bias, column) + total_bias);
+        store_math(grad_weight, column, load_math(grad_weight, column) + sum_weight);
+        store_math(grad_bias, column, load_math(grad_bias, column) + sum_bias);
     }
 }
 """
