@@ -3,7 +3,8 @@
 One pass over memory per step instead of the ~10 passes of an expression built
 from array operations -- the update is memory bound, so this is the whole speed
 story on GPU. Each public function validates its arrays and dispatches to a CuPy
-ElementwiseKernel or a Numba CPU loop; the tests hold plain NumPy references of
+kernel (AdamW: a RawKernel with 16-byte accesses when the buffers are aligned; SGD:
+an ElementwiseKernel) or a Numba CPU loop; the tests hold plain NumPy references of
 the published update rules.
 
 ``grad_scale`` multiplies the gradient on the fly: it carries the gradient
