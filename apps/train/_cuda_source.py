@@ -121,6 +121,9 @@ __device__ __forceinline__ M gelu_derivative(M v) {
 #: C++ storage type of each NumPy dtype name in the kernel templates.
 STORAGE_TYPES = {"float16": "unsigned short", "float32": "float", "float64": "double"}
 
+#: Elements of each storage dtype in one 16-byte ``Pack`` access.
+VECTOR_WIDTH = {"float16": 8, "float32": 4, "float64": 2}
+
 
 def math_dtype(dtype_name):
     """NumPy dtype name of the arithmetic type for a storage dtype name."""

@@ -26,7 +26,7 @@ import functools
 import numpy as np
 
 from ._backend import array_module, check_float_array, is_cupy
-from ._cuda_source import CUDA_HELPERS, GELU_FUNCTIONS, STORAGE_TYPES
+from ._cuda_source import CUDA_HELPERS, GELU_FUNCTIONS, STORAGE_TYPES, VECTOR_WIDTH
 
 SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
 GELU_CUBIC = 0.044715
@@ -141,14 +141,12 @@ __global__ void hpcgpu_train_gelu(const S* x, const S* grad_out, const S* bias, 
 }
 """
 
-#: Elements per 16-byte access of each storage dtype.
-_VECTOR_WIDTH = {"float16": 8, "float32": 4, "float64": 2}
 _THREADS = 256
 
 
 def _name_expressions():
     return [f"hpcgpu_train_gelu<{STORAGE_TYPES[name]}, {width}>"
-            for name, vector in _VECTOR_WIDTH.items() for width in (1, vector)]
+            for name, vector in VECTOR_WIDTH.items() for width in (1, vector)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -179,7 +177,7 @@ def _gelu_cupy(x, grad_out, bias):
     if bias is not None:
         bias = cupy.ascontiguousarray(bias)
     arrays = [a for a in (x, grad_out, bias, out) if a is not None]
-    width = _VECTOR_WIDTH[x.dtype.name]
+    width = VECTOR_WIDTH[x.dtype.name]
     if any(a.data.ptr % 16 for a in arrays) or (bias is not None and n_cols % width):
         width = 1
     kernel = _module().get_function(f"hpcgpu_train_gelu<{STORAGE_TYPES[x.dtype.name]}, {width}>")

@@ -37,7 +37,7 @@ import functools
 import numpy as np
 
 from ._backend import array_module, check_float_array, is_cupy
-from ._cuda_source import CUDA_HELPERS, GELU_FUNCTIONS, STORAGE_TYPES, math_dtype
+from ._cuda_source import CUDA_HELPERS, GELU_FUNCTIONS, STORAGE_TYPES, VECTOR_WIDTH, math_dtype
 from .gelu_kernels import gelu_backward, gelu_forward
 
 #: Activations a LayerNorm can apply to its own output (``activation=``).
@@ -538,8 +538,6 @@ __global__ void hpcgpu_train_layer_norm_backward_params_final(
 }
 """
 
-#: Elements per 16-byte access of each storage dtype (the row-in-registers kernels).
-_VECTOR_WIDTH = {"float16": 8, "float32": 4, "float64": 2}
 #: Values of a row each thread of the row-in-registers kernels holds (HPCGPU_LN_ELEMENTS).
 _ELEMENTS_PER_THREAD = 16
 _MAX_THREADS = 1024
@@ -549,7 +547,7 @@ def _name_expressions():
     names = []
     for dtype_name, storage in STORAGE_TYPES.items():
         for gelu in ("false", "true"):
-            for width in sorted({1, _VECTOR_WIDTH[dtype_name]}):
+            for width in sorted({1, VECTOR_WIDTH[dtype_name]}):
                 names += [f"hpcgpu_train_layer_norm_forward_rows<{storage}, {width}, {gelu}>",
                           f"hpcgpu_train_layer_norm_backward_rows<{storage}, {width}, {gelu}>"]
             names += [f"hpcgpu_train_layer_norm_{kernel}<{storage}, {gelu}>"
@@ -586,7 +584,7 @@ def _rows_layout(n_cols, dtype, arrays):
     ``n_cols`` is a multiple of the pack and every row array is 16-byte aligned, else one
     value at a time.
     """
-    width = _VECTOR_WIDTH[np.dtype(dtype).name]
+    width = VECTOR_WIDTH[np.dtype(dtype).name]
     if n_cols % width or any(int(a.data.ptr) % 16 for a in arrays):
         width = 1
     threads_needed = -(-n_cols // _ELEMENTS_PER_THREAD)
