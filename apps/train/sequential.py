@@ -164,8 +164,7 @@ class Sequential:
     def _fuse_activations(self):
         """A LayerNorm followed by a GELU computes the activation in its own kernels."""
         for layer, following in zip(self.layers, self.layers[1:]):
-            if (isinstance(layer, LayerNorm) and type(following) is GELU
-                    and following.bias_source is None):
+            if isinstance(layer, LayerNorm) and type(following) is GELU:
                 layer.activation = "gelu"
                 following.fused_into = layer
 
