@@ -14,13 +14,18 @@
 # `sbatch --export=ALL,KNOB=value`.
 #
 # Layout of a job's output, relative to the job's working directory (the submit directory, or
-# `sbatch --chdir`): runs/<job-name>-<job-id>.log (Slurm's --output; runs/ must exist before sbatch)
-# and runs/<job-name>-<job-id>/ (this file creates it): info.txt, the app's --output (environment.json,
-# plots ...), summary.json, checkpoints/. Array tasks use <job-name>-<array-job-id>_<task-id>.
+# `sbatch --chdir`): <job-name>-<job-id>.log (Slurm's --output, in the working directory itself
+# because Slurm cannot create a directory for it) and runs/<job-name>-<job-id>/ (this file creates
+# it): info.txt, the app's --output (environment.json, plots ...), summary.json, checkpoints/.
+# Array tasks use <job-name>-<array-job-id>_<task-id>.
 
 # ---------------------------------------------------------------- where things are
-# The repository whose code runs: put first on PYTHONPATH, so an un-installed checkout works too.
-HPCGPU_ROOT=${HPCGPU_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}
+# The code that runs: a checkout (HPCGPU_ROOT, or the submit directory when it is one), put first on
+# PYTHONPATH so an un-installed checkout works; otherwise the hpcgpu installed for HPCGPU_PYTHON
+# (`pip install hpcgpu`; `hpcgpu jobscript` writes HPCGPU_PYTHON into the scripts it generates).
+if [ -z "${HPCGPU_ROOT:-}" ] && [ -f "${SLURM_SUBMIT_DIR:-$PWD}/hpcgpu/__init__.py" ]; then
+    HPCGPU_ROOT=${SLURM_SUBMIT_DIR:-$PWD}
+fi
 HPCGPU_PYTHON=${HPCGPU_PYTHON:-python}       # e.g. /path/to/venv/bin/python (no `activate` needed)
 HPCGPU_RUNS_DIR=${HPCGPU_RUNS_DIR:-runs}
 HPCGPU_INFO=${HPCGPU_INFO:-1}                # 0: skip the `python -m hpcgpu info` report
@@ -28,9 +33,10 @@ HPCGPU_APP_ARGS=${HPCGPU_APP_ARGS:-}         # appended to the app's flags (the 
 HPCGPU_MAX_RESTARTS=${HPCGPU_MAX_RESTARTS:-20}
 HPCGPU_SIGNAL_GRACE=${HPCGPU_SIGNAL_GRACE:-60}
 
-if [ ! -f "$HPCGPU_ROOT/hpcgpu/__init__.py" ]; then
+if [ -n "${HPCGPU_ROOT:-}" ] && [ ! -f "$HPCGPU_ROOT/hpcgpu/__init__.py" ]; then
     echo "[hpcgpu-job] ERROR: HPCGPU_ROOT=$HPCGPU_ROOT is not an hpcgpu checkout (no hpcgpu/__init__.py);" \
-         "submit from the repository root or export HPCGPU_ROOT=/path/to/hpcgpu" >&2
+         "submit from the repository root, export HPCGPU_ROOT=/path/to/hpcgpu, or unset it to use" \
+         "the hpcgpu installed for HPCGPU_PYTHON" >&2
     exit 2
 fi
 if ! command -v "$HPCGPU_PYTHON" >/dev/null 2>&1; then
@@ -38,8 +44,11 @@ if ! command -v "$HPCGPU_PYTHON" >/dev/null 2>&1; then
          "HPCGPU_PYTHON=/path/to/venv/bin/python" >&2
     exit 2
 fi
-export HPCGPU_ROOT HPCGPU_PYTHON
-export PYTHONPATH="$HPCGPU_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+if [ -n "${HPCGPU_ROOT:-}" ]; then
+    export HPCGPU_ROOT
+    export PYTHONPATH="$HPCGPU_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export HPCGPU_PYTHON
 export PYTHONUNBUFFERED=1                    # progress lines reach the log as they happen
 
 # ---------------------------------------------------------------- threads
@@ -61,20 +70,49 @@ fi
 # export NCCL_SOCKET_IFNAME=ib0          # interface for bootstrap and the socket transport;
 #                                        # =^lo,docker0 excludes; a wrong one hangs NCCL init
 # export NCCL_NET_GDR_LEVEL=PHB          # GPUDirect RDMA when the NIC is this close to the GPU
+# export NCCL_CROSS_NIC=0                # 0: a ring/tree keeps to one NIC rail (rail-optimised IB);
+#                                        # 1: may cross (Slingshot, non-rail fabrics); default 2: prefer not
 # export NCCL_IB_DISABLE=1               # no InfiniBand (test the socket path)
 # export NCCL_P2P_DISABLE=1              # no NVLink/PCIe peer access (isolate P2P problems)
+# Slingshot (HPE Cray): NCCL needs the aws-ofi-nccl plugin (libnccl-net*.so on LD_LIBRARY_PATH, often a
+# site module), else it falls back to slow TCP sockets; then libfabric's cxi provider:
+# export FI_PROVIDER=cxi NCCL_SOCKET_IFNAME=hsn NCCL_NET_GDR_LEVEL=PHB NCCL_CROSS_NIC=1
+# export FI_CXI_DISABLE_HOST_REGISTER=1 FI_MR_CACHE_MONITOR=userfaultfd
+# Not measured with hpcgpu: docs/jobscripts.md#nccl-on-infiniband-and-slingshot has the details.
 
 # ---------------------------------------------------------------- the launcher
-# srun's MPI plugin: pmi2 works with the MPICH wheel (CI) and most MPIs; sites whose Slurm and MPI
-# are built with PMIx (Open MPI 5, recent MPICH/Cray) use pmix (`srun --mpi=list` shows the choice).
-HPCGPU_SRUN_MPI=${HPCGPU_SRUN_MPI:-pmi2}
+# srun's MPI plugin: the site's default (slurm.conf MpiDefault, or SLURM_MPI_TYPE) unless
+# HPCGPU_SRUN_MPI names one: pmi2 for the MPICH wheel and most MPICH-based MPIs, pmix for Open MPI 5
+# and PMIx builds (`srun --mpi=list` shows what this Slurm offers).
+HPCGPU_SRUN_MPI=${HPCGPU_SRUN_MPI:-}
 HPCGPU_CPU_BIND=${HPCGPU_CPU_BIND-cores}     # each task pinned to its --cpus-per-task cores; set and empty: no --cpu-bind
 HPCGPU_SRUN_FLAGS=${HPCGPU_SRUN_FLAGS:-}     # extra srun flags, e.g. "--distribution=block:block"
 # The launcher as an array: job scripts for other launchers (jobscripts/mpirun/) replace it.
 # Never put mpiexec inside srun: hydra's own srun for its proxies waits forever for the step's CPUs.
 # Flags in knobs are split at whitespace, never glob-expanded ("--dims *,1" stays as written).
 read -r -a _hpcgpu_srun_flags <<< "$HPCGPU_SRUN_FLAGS"
-HPCGPU_LAUNCH=(srun "--mpi=$HPCGPU_SRUN_MPI" ${HPCGPU_CPU_BIND:+"--cpu-bind=$HPCGPU_CPU_BIND"} "${_hpcgpu_srun_flags[@]}")
+HPCGPU_LAUNCH=(srun ${HPCGPU_SRUN_MPI:+"--mpi=$HPCGPU_SRUN_MPI"} ${HPCGPU_CPU_BIND:+"--cpu-bind=$HPCGPU_CPU_BIND"}
+               "${_hpcgpu_srun_flags[@]}")
+
+# One rank per GPU, with the GPU count taken from Slurm: SLURM_GPUS_ON_NODE (from --gpus-per-node,
+# --gres=gpu:G ...). Every rank sees all of its node's GPUs (no per-task GPU binding, so CUDA IPC
+# between the ranks of a node works) and hpcgpu picks GPU local_rank % G (hpcgpu.runtime.device).
+# More tasks per node than GPUs (e.g. `sbatch --gpus-per-node=4` on an 8-task script): srun starts
+# only G per node instead of letting ranks share a GPU.
+_hpcgpu_tasks_per_node=${SLURM_NTASKS_PER_NODE:-}
+_hpcgpu_tasks_per_node=${_hpcgpu_tasks_per_node%%[!0-9]*}    # "8(x4)" or "8,8" -> 8
+if [ -n "${SLURM_GPUS_ON_NODE:-}" ] && [ "${SLURM_GPUS_ON_NODE//[!0-9]/}" = "$SLURM_GPUS_ON_NODE" ] \
+        && [ "$SLURM_GPUS_ON_NODE" -gt 0 ] && [ -n "$_hpcgpu_tasks_per_node" ] && [ -n "${SLURM_JOB_NUM_NODES:-}" ]; then
+    if [ "$_hpcgpu_tasks_per_node" -gt "$SLURM_GPUS_ON_NODE" ]; then
+        echo "[hpcgpu-job] $_hpcgpu_tasks_per_node tasks per node but $SLURM_GPUS_ON_NODE GPUs per node:" \
+             "starting $SLURM_GPUS_ON_NODE ranks per node, one per GPU"
+        HPCGPU_LAUNCH+=("--ntasks-per-node=$SLURM_GPUS_ON_NODE" "--ntasks=$(( SLURM_GPUS_ON_NODE * SLURM_JOB_NUM_NODES ))")
+    elif [ "$_hpcgpu_tasks_per_node" -lt "$SLURM_GPUS_ON_NODE" ]; then
+        echo "[hpcgpu-job] WARNING: $_hpcgpu_tasks_per_node tasks per node for $SLURM_GPUS_ON_NODE GPUs per node:" \
+             "$(( SLURM_GPUS_ON_NODE - _hpcgpu_tasks_per_node )) GPUs per node stay idle;" \
+             "submit with --ntasks-per-node=$SLURM_GPUS_ON_NODE" >&2
+    fi
+fi
 
 hpcgpu_log() { echo "[hpcgpu-job] $*"; }
 
@@ -115,12 +153,13 @@ _hpcgpu_prepare() {
     if [ -n "${SLURM_JOB_ID:-}" ]; then
         hpcgpu_log "nodes $SLURM_JOB_NUM_NODES, tasks ${SLURM_NTASKS:-?} (${SLURM_NTASKS_PER_NODE:-?} per node)," \
                    "cpus-per-task ${SLURM_CPUS_PER_TASK:-?}, OMP_NUM_THREADS=$OMP_NUM_THREADS," \
-                   "GPUs per task ${SLURM_GPUS_PER_TASK:-none}"
+                   "GPUs per node ${SLURM_GPUS_ON_NODE:-none}, GPUs per task ${SLURM_GPUS_PER_TASK:-none}"
     else
         hpcgpu_log "nodes ${N_NODES:-?}, ranks ${N_RANKS:-?} (${GPUS_PER_NODE:-?} per node)," \
                    "CPUs per rank ${CPUS_PER_RANK:-?}, OMP_NUM_THREADS=$OMP_NUM_THREADS"
     fi
-    hpcgpu_log "run directory $HPCGPU_RUN_DIR; python $HPCGPU_PYTHON; repository $HPCGPU_ROOT"
+    hpcgpu_log "run directory $HPCGPU_RUN_DIR; python $HPCGPU_PYTHON;" \
+               "code ${HPCGPU_ROOT:-installed hpcgpu (no HPCGPU_ROOT checkout)}"
 }
 
 # The topology and binding report (rank -> node -> GPU -> CPUs, links, warnings), in the log and

@@ -9,7 +9,7 @@
 # socket of GPU i; the info report says "NO" in its "near GPU" column when they do not), each given
 # its GPU by gpu-per-rank.sh (from MPI_LOCALRANKID). Output: runs/<app>-local-<time>-<pid>/ and the
 # terminal. Hydra passes the whole environment to the ranks, NCCL_* included.
-# Knobs (environment): N_NODES [1], GPUS_PER_NODE [8], CPUS_PER_RANK [8], N_RANKS
+# Knobs (environment): N_NODES [1], GPUS_PER_NODE [SLURM_GPUS_ON_NODE, else `nvidia-smi -L`], CPUS_PER_RANK [8], N_RANKS
 # [N_NODES x GPUS_PER_NODE], HOSTFILE [none: hydra's default, or the Slurm allocation],
 # HPCGPU_MPIEXEC [mpiexec on PATH, else the one beside HPCGPU_PYTHON], HPCGPU_MPIEXEC_FLAGS [""],
 # and the common ones (HPCGPU_PYTHON, HPCGPU_APP_ARGS, HPCGPU_RUN_DIR ...): docs/jobscripts.md.
@@ -17,14 +17,22 @@ if [ $# -lt 1 ]; then
     echo "usage: $0 APP [APP ARGS...]   (e.g. $0 apps.stencil --model jacobi)" >&2
     exit 2
 fi
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-export HPCGPU_ROOT=${HPCGPU_ROOT:-$(cd "$here/../.." && pwd)}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)   # physical path: hpcgpu/jobscripts links here
+# A checkout two levels up runs un-installed; an installed hpcgpu (site-packages/hpcgpu/jobscripts) runs as is.
+root=$(cd "$here/../.." && pwd)
+if [ -z "${HPCGPU_ROOT:-}" ] && [ -f "$root/pyproject.toml" ] && [ -f "$root/hpcgpu/__init__.py" ]; then
+    export HPCGPU_ROOT=$root
+fi
 N_NODES=${N_NODES:-1}
-GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+GPUS_PER_NODE=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')}}
+if ! [ "${GPUS_PER_NODE:-0}" -gt 0 ] 2>/dev/null; then
+    echo "$0: cannot count this node's GPUs (no nvidia-smi, no SLURM_GPUS_ON_NODE): set GPUS_PER_NODE" >&2
+    exit 2
+fi
 CPUS_PER_RANK=${CPUS_PER_RANK:-8}
 N_RANKS=${N_RANKS:-$(( N_NODES * GPUS_PER_NODE ))}
 export CPUS_PER_RANK
-source "$HPCGPU_ROOT/jobscripts/common.sh" || exit 2
+source "$here/../common.sh" || exit 2
 
 mpiexec=${HPCGPU_MPIEXEC:-$(command -v mpiexec || echo "$(dirname "$(command -v "$HPCGPU_PYTHON")")/mpiexec")}
 read -r -a launcher_flags <<< "${HPCGPU_MPIEXEC_FLAGS:-}"

@@ -11,21 +11,29 @@
 # the variables named with -x: PATH, LD_LIBRARY_PATH, PYTHONPATH and the thread settings, plus
 # every NCCL_*, UCX_*, OMPI_MCA_* and HPCGPU_* variable set when this script starts.
 # Open MPI 5 spells --report-bindings as --display bindings (the old flag still works, with a note).
-# Knobs (environment): N_NODES [1], GPUS_PER_NODE [8], CPUS_PER_RANK [8], N_RANKS
+# Knobs (environment): N_NODES [1], GPUS_PER_NODE [SLURM_GPUS_ON_NODE, else `nvidia-smi -L`], CPUS_PER_RANK [8], N_RANKS
 # [N_NODES x GPUS_PER_NODE], HOSTFILE [none: localhost, or the Slurm allocation], HPCGPU_MPIRUN
 # [mpirun], HPCGPU_MPIRUN_FLAGS [""], and the common ones: docs/jobscripts.md.
 if [ $# -lt 1 ]; then
     echo "usage: $0 APP [APP ARGS...]   (e.g. $0 apps.stencil --model jacobi)" >&2
     exit 2
 fi
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-export HPCGPU_ROOT=${HPCGPU_ROOT:-$(cd "$here/../.." && pwd)}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)   # physical path: hpcgpu/jobscripts links here
+# A checkout two levels up runs un-installed; an installed hpcgpu (site-packages/hpcgpu/jobscripts) runs as is.
+root=$(cd "$here/../.." && pwd)
+if [ -z "${HPCGPU_ROOT:-}" ] && [ -f "$root/pyproject.toml" ] && [ -f "$root/hpcgpu/__init__.py" ]; then
+    export HPCGPU_ROOT=$root
+fi
 N_NODES=${N_NODES:-1}
-GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+GPUS_PER_NODE=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')}}
+if ! [ "${GPUS_PER_NODE:-0}" -gt 0 ] 2>/dev/null; then
+    echo "$0: cannot count this node's GPUs (no nvidia-smi, no SLURM_GPUS_ON_NODE): set GPUS_PER_NODE" >&2
+    exit 2
+fi
 CPUS_PER_RANK=${CPUS_PER_RANK:-8}
 N_RANKS=${N_RANKS:-$(( N_NODES * GPUS_PER_NODE ))}
 export CPUS_PER_RANK
-source "$HPCGPU_ROOT/jobscripts/common.sh" || exit 2
+source "$here/../common.sh" || exit 2
 
 exports=()
 for name in PATH LD_LIBRARY_PATH PYTHONPATH PYTHONUNBUFFERED OMP_NUM_THREADS CUDA_DEVICE_ORDER \

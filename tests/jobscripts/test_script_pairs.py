@@ -2,7 +2,7 @@
 
 The CPU twins are what CI submits to a real Slurm (test_slurm_jobs.py); these checks make that
 evidence carry over to the GPU scripts: same commands, same app flags, same Slurm behaviour
-options, and GPU resource lines that ask for one task per GPU with GPU binding.
+options, and GPU resource lines that ask for one task per GPU, every GPU of a node visible to its ranks.
 """
 
 from __future__ import annotations
@@ -62,16 +62,24 @@ def test_gpu_and_cpu_scripts_differ_only_in_resource_lines(app, kind):
 
 
 @pytest.mark.parametrize("app,kind", PAIRS, ids=[f"{a}-{k}" for a, k in PAIRS])
-def test_gpu_scripts_ask_for_one_task_per_gpu_with_binding(app, kind):
+def test_gpu_scripts_ask_for_one_task_per_gpu_and_keep_peers_visible(app, kind):
     options = sbatch_options((JOBSCRIPTS / "gpu" / f"{app}-{kind}.sbatch").read_text())
-    assert options.get("gpus-per-task") == "1"
-    assert options.get("ntasks-per-node") == str(GPUS_PER_NODE), "one task per GPU of an 8-GPU node"
+    assert options.get("gpus-per-node") == str(GPUS_PER_NODE)
+    assert options.get("ntasks-per-node") == options["gpus-per-node"], "one task per GPU"
     assert "ntasks" not in options, "the task count follows from --nodes x --ntasks-per-node"
-    assert options.get("gpu-bind"), "each task bound to its GPU"
+    # Per-task GPU binding hides the neighbours' GPUs and breaks CUDA IPC (--peer-halo, MD peer exchange,
+    # --allreduce peer); hpcgpu picks GPU local_rank % G itself.
+    assert "gpus-per-task" not in options and "gpu-bind" not in options
     assert int(options["cpus-per-task"]) >= 1
     nodes = int(options["nodes"])
     assert nodes > 1 if kind == "multi-node" else nodes == 1
     assert re.fullmatch(r"\d+:\d\d:\d\d", options["time"])
+
+
+@pytest.mark.parametrize("app,kind", PAIRS, ids=[f"{a}-{k}" for a, k in PAIRS])
+def test_cpu_scripts_say_they_are_ci_fixtures(app, kind):
+    text = (JOBSCRIPTS / "cpu" / f"{app}-{kind}.sbatch").read_text()
+    assert "CI fixture, sized for a\n# 2-core test machine" in text
 
 
 @pytest.mark.parametrize("app,kind", PAIRS, ids=[f"{a}-{k}" for a, k in PAIRS])
@@ -89,12 +97,12 @@ def test_common_options_and_launch_line(app, kind):
     assert "open-mode" in options and options["open-mode"] == "append"
     assert 'source "${HPCGPU_ROOT:-$SLURM_SUBMIT_DIR}/jobscripts/common.sh"' in text
     if kind == "sweep":
-        assert options["output"] == "runs/%x-%A_%a.log"
+        assert options["output"] == "%x-%A_%a.log"   # the submit directory: Slurm cannot create a directory
         first, last = (int(v) for v in options["array"].split("-"))
         values = re.search(r"^VALUES=\((.*)\)$", text, re.M).group(1).split()
         assert (first, last) == (0, len(values) - 1), "--array must cover VALUES exactly"
     else:
-        assert options["output"] == "runs/%x-%j.log"
+        assert options["output"] == "%x-%j.log"
         assert "array" not in options
     if kind == "preemptible":
         assert options["signal"] == "B:USR1@120"
@@ -120,11 +128,37 @@ def common(snippet: str, env: dict[str, str] | None = None) -> subprocess.Comple
                           env={**base, **(env or {})}, capture_output=True, text=True, timeout=30)
 
 
-def test_srun_mpi_plugin_defaults_to_pmi2_and_is_a_knob():
-    assert common('echo "${HPCGPU_LAUNCH[*]}"').stdout.split() == ["srun", "--mpi=pmi2", "--cpu-bind=cores"]
+def test_srun_mpi_plugin_is_the_site_default_unless_set():
+    assert common('echo "${HPCGPU_LAUNCH[*]}"').stdout.split() == ["srun", "--cpu-bind=cores"]
     launch = common('echo "${HPCGPU_LAUNCH[*]}"', {"HPCGPU_SRUN_MPI": "pmix", "HPCGPU_CPU_BIND": "",
                                                   "HPCGPU_SRUN_FLAGS": "--distribution=block:block"})
     assert launch.stdout.split() == ["srun", "--mpi=pmix", "--distribution=block:block"]
+
+
+def test_ranks_per_node_follow_the_gpus_slurm_gave():
+    def launch(gpus, tasks, nodes="2"):
+        return common('echo "${HPCGPU_LAUNCH[*]}"', {"SLURM_GPUS_ON_NODE": gpus, "SLURM_NTASKS_PER_NODE": tasks,
+                                                   "SLURM_JOB_NUM_NODES": nodes})
+
+    fewer_gpus = launch("4", "8")
+    assert fewer_gpus.stdout.split()[-3:] == ["--cpu-bind=cores", "--ntasks-per-node=4", "--ntasks=8"]
+    assert "starting 4 ranks per node, one per GPU" in fewer_gpus.stdout
+    assert launch("8", "8(x2)").stdout.split() == ["srun", "--cpu-bind=cores"]
+    idle = launch("8", "4")
+    assert idle.stdout.split() == ["srun", "--cpu-bind=cores"] and "--ntasks-per-node=8" in idle.stderr
+    assert launch("", "8").stdout.split() == ["srun", "--cpu-bind=cores"]   # a CPU job
+
+
+def test_installed_hpcgpu_needs_no_checkout(tmp_path):
+    """Outside a checkout (no HPCGPU_ROOT, submit directory not a checkout) nothing goes on PYTHONPATH."""
+    env = {"PATH": "/usr/bin:/bin", "HPCGPU_PYTHON": "bash", "HOME": "/tmp", "SLURM_SUBMIT_DIR": str(tmp_path)}
+    result = subprocess.run(["bash", "-c", f'source "{JOBSCRIPTS}/common.sh" && echo "root=$HPCGPU_ROOT '
+                             'path=$PYTHONPATH"'], env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["root=", "path="]
+    checkout = subprocess.run(["bash", "-c", f'source "{JOBSCRIPTS}/common.sh" && echo "$HPCGPU_ROOT"'],
+                              env={**env, "SLURM_SUBMIT_DIR": str(ROOT)}, capture_output=True, text=True, timeout=30)
+    assert checkout.stdout.strip() == str(ROOT)
 
 
 def test_threads_follow_cpus_per_task():
