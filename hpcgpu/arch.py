@@ -93,7 +93,12 @@ class GPU:
         priority = os.environ.get("HPCGPU_COMM_STREAM_PRIORITY", "high")
         self.compute_stream = cupy.cuda.Stream(non_blocking=True, priority=-100 if priority == "low" else 0)
         self.comm_stream = cupy.cuda.Stream(non_blocking=True, priority=-100 if priority == "high" else 0)
-        self.compute_stream.use()
+        # Push the compute stream on CuPy's stack of current streams instead of ``Stream.use()``:
+        # CuPy's own ``with stream:`` blocks (``ndarray.get(stream=...)`` is one) pop back to the top
+        # of that stack on exit. After a bare ``use()`` the top is the legacy null stream, so the
+        # first such call silently moved every later kernel off the compute stream, out of the
+        # event ordering with the communication stream and out of CUDA graph captures.
+        self.compute_stream.__enter__()
         from hpcgpu.runtime.device import gpu_identity
 
         self.identity = gpu_identity(device_id)
@@ -105,6 +110,24 @@ class GPU:
     def on_stream(self, stream):
         """Make ``stream`` CuPy's current stream inside the block (see :func:`on_stream`)."""
         return on_stream(stream)
+
+    def check_compute_stream(self, what: str) -> None:
+        """Raise :class:`BackendError` unless the compute stream is CuPy's current stream; returns None.
+
+        Kernels go to CuPy's current stream, while halo exchanges and graph captures order themselves
+        after the compute stream: work on any other stream would race with them (silently wrong
+        results) or escape the capture. ``what`` names the operation that needs the guarantee.
+        """
+        import cupy
+
+        current = cupy.cuda.get_current_stream()
+        if current.ptr != self.compute_stream.ptr:
+            raise BackendError(
+                f"{what} needs the compute stream ({self.compute_stream.ptr:#x}) to be CuPy's current stream, "
+                f"but the current stream is {current.ptr:#x}. Something made another stream current and did not "
+                "restore it: switch streams with hpcgpu.arch.on_stream(stream), not Stream.use() or "
+                "`with stream:` around code that stays on it."
+            )
 
     def to_host(self, array) -> np.ndarray:
         """Copy to a NumPy array after all work queued on the compute stream."""
@@ -139,18 +162,21 @@ class GPU:
 def on_stream(stream):
     """Make CuPy ``stream`` the current stream inside the block, then restore the previous one.
 
-    (CuPy's own ``with stream:`` restores its internal stack, which does not know about
-    ``Stream.use()``; after it the null stream would be current and work would silently stop
-    being ordered with the compute stream.)
+    The stream is pushed on CuPy's stack of current streams (``with stream:``), so CuPy's own
+    ``with``-blocks inside return to it. On exit the previous stream is current again, also when it
+    had been made current with ``Stream.use()``, which CuPy's stack does not record (a bare
+    ``with stream:`` would then leave the null stream current, and work would silently stop being
+    ordered with the compute stream).
     """
     import cupy
 
     previous = cupy.cuda.get_current_stream()
-    stream.use()
     try:
-        yield stream
+        with stream:
+            yield stream
     finally:
-        previous.use()
+        if cupy.cuda.get_current_stream() != previous:
+            previous.use()
 
 
 def cpu_threads_per_rank(comm) -> int:

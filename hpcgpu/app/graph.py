@@ -31,6 +31,9 @@ class StepGraph:
     def __init__(self, arch, model, n_steps: int = 2):
         self.arch, self.model, self.n_steps = arch, model, n_steps
         stream = arch.compute_stream
+        # A capture records only work queued on the capturing stream: kernels on any other stream
+        # would run once, now, and the graph would replay without them.
+        arch.check_compute_stream("capturing steps as a CUDA graph")
         step_index = model.step_index
 
         def record():

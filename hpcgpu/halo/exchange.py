@@ -195,6 +195,10 @@ class HaloExchange:
 
     def start(self) -> "PendingExchange":
         """Begin the exchange; returns immediately with a handle whose ``wait()`` completes it."""
+        if self.arch.is_gpu:
+            # Every GPU transport orders itself after the compute stream: the kernels that produced
+            # the fields must be there, or packing races with them.
+            self.arch.check_compute_stream("a halo exchange")
         return PendingExchange(self.transport.start(self))
 
     def run(self) -> None:
