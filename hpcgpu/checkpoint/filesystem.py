@@ -16,7 +16,16 @@ checksummed, the final ``fsync`` finds little left to do, and the file never hol
 :data:`WRITE_BEHIND_BYTES` of the page cache, whose pages are reused while still warm. Durability
 still comes from the final ``fsync`` alone.
 
-*Pruning* old checkpoints (:func:`publish_checkpoint`) unlinks gigabytes, which costs ~0.1 s per
+*Replacing* a checkpoint of the same step (a run restarted from an older checkpoint saves that
+step again) never removes first: the new directory and the old one swap names atomically
+(``renameat2(RENAME_EXCHANGE)``, Linux >= 3.15 on local file systems), and only then is the old one,
+now under the ``*.tmp`` name, removed. Where the exchange is not supported, the old directory is
+renamed to ``ckpt_N.replaced`` and the new one to ``ckpt_N``; a crash between the two renames
+leaves ``ckpt_N.replaced``, which :func:`recover_replaced` renames back (the next save or restart
+does it), so a valid ``ckpt_N`` is never lost.
+
+*Pruning* old checkpoints (:func:`publish_checkpoint`) considers only the checkpoints of the run
+that saves (same run id, :mod:`hpcgpu.checkpoint.identity`); it unlinks gigabytes, which costs ~0.1 s per
 512 MiB file on ext4; with ``defer_removal`` the old directories are renamed to ``*.removing.tmp``
 at once (invisible to readers from then on) and their files deleted by a background thread, so a
 synchronous save returns without waiting for the unlinks.
@@ -56,6 +65,79 @@ def rename_durably(source: Path, target: Path) -> None:
     """Rename ``source`` to ``target`` (a directory that must not exist yet) and fsync the parent."""
     os.rename(source, target)
     fsync_path(target.parent)
+
+
+#: Suffix of a checkpoint moved aside while it is replaced without an atomic exchange.
+REPLACED_SUFFIX = ".replaced"
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_renameat2_function = None
+
+
+def _renameat2():
+    """libc's ``renameat2`` (glibc >= 2.28), or False where there is none."""
+    global _renameat2_function
+    if _renameat2_function is None:
+        function = False
+        try:
+            function = ctypes.CDLL(None, use_errno=True).renameat2
+            function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            function.restype = ctypes.c_int
+        except (AttributeError, OSError):
+            function = False
+        _renameat2_function = function
+    return _renameat2_function
+
+
+def exchange_names(first: Path, second: Path) -> bool:
+    """Atomically swap the names of two existing paths; False where the system cannot do it."""
+    function = _renameat2()
+    if not function:
+        return False
+    if function(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in _UNSUPPORTED or code == errno.EXDEV:
+        return False
+    raise OSError(code, os.strerror(code), str(second))
+
+
+def replace_directory(source: Path, target: Path) -> None:
+    """Put directory ``source`` at ``target`` durably; an existing ``target`` is replaced atomically.
+
+    Never removes ``target`` before ``source`` has taken its place: at every moment ``target`` is
+    the old directory or the new one (or, without an atomic exchange, the old one is at
+    ``target.replaced`` for the instant between two renames; see :func:`recover_replaced`).
+    """
+    source, target = Path(source), Path(target)
+    if not target.exists():
+        rename_durably(source, target)
+        return
+    if exchange_names(source, target):
+        fsync_path(target.parent)
+        remove_tree(source)  # the old checkpoint, now under the temporary name
+        return
+    aside = target.with_name(target.name + REPLACED_SUFFIX)
+    if aside.exists():
+        shutil.rmtree(aside, ignore_errors=True)
+    os.rename(target, aside)
+    fault_point("mid-replace", 0)
+    rename_durably(source, target)
+    remove_tree(aside)
+
+
+def recover_replaced(directory: Path) -> None:
+    """Undo a replacement interrupted between its two renames: ``ckpt_N.replaced`` without ``ckpt_N``
+    is renamed back; one whose replacement completed is removed."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return
+    for aside in directory.glob(f"ckpt_*{REPLACED_SUFFIX}"):
+        target = aside.with_name(aside.name[:-len(REPLACED_SUFFIX)])
+        if target.exists():
+            remove_tree(aside)
+        else:
+            rename_durably(aside, target)
 
 
 def _doom(path: Path) -> Path:
@@ -139,24 +221,39 @@ def fault_requested(name: str, rank: int, request: str | None) -> bool:
     return point == name and (not which or int(which) == rank)
 
 
-def publish_checkpoint(temporary: Path, final: Path, keep: int, defer_removal: bool = False) -> None:
+def publish_checkpoint(temporary: Path, final: Path, keep: int, run_id: str | None,
+                       defer_removal: bool = False) -> None:
     """Rank 0's commit: rename ``temporary`` to ``final`` durably, keep the newest ``keep`` checkpoints
-    of the directory and remove ``*.tmp`` debris of crashed saves.
+    of run ``run_id`` and remove ``*.tmp`` debris of crashed saves.
 
-    Plain file-system work (no HDF5, no MPI), so the layout process can do it for asynchronous saves.
+    File-system work and the master files' identity attributes (no MPI), so the layout process can
+    do it for asynchronous saves. Checkpoints of other runs (another run id, legacy or unreadable
+    ones) are never pruned, and an existing ``final`` is replaced only if this run wrote it
+    (:func:`replace_directory`: atomically, never removed first).
     With ``defer_removal`` the checkpoints beyond ``keep`` are renamed now and deleted by a
     background thread (:func:`remove_tree_later`); the new checkpoint is durable either way.
+
+    Raises
+    ------
+    FileExistsError
+        ``final`` holds a checkpoint of another run (the new one stays at ``temporary``).
     """
-    from hpcgpu.checkpoint import layout
+    from hpcgpu.checkpoint import identity, layout
 
     temporary, final = Path(temporary), Path(final)
-    if final.exists():  # the same step saved again (a restart from an older checkpoint)
-        remove_tree(final)
-    rename_durably(temporary, final)
     directory = final.parent
+    recover_replaced(directory)
+    if final.exists():  # the same step saved again (a restart from an older checkpoint)
+        owner = identity.read_owner(final)
+        if owner.problem is not None or owner.run_id != run_id:
+            raise FileExistsError(identity.refuse_overwrite_message(final, owner, str(run_id)))
+    replace_directory(temporary, final)
     found = [(layout.step_of(p.name), p) for p in directory.iterdir() if p.is_dir()]
     complete = [p for step, p in sorted((s, p) for s, p in found if s is not None)]
-    for path in complete[:-keep]:
+    own = [p for p in complete if p == final or identity.owned_by(p, run_id)]
+    for path in own[:-keep]:
+        if path == final:  # a restart from an older checkpoint: never prune what was just written
+            continue
         (remove_tree_later if defer_removal else remove_tree)(path)
     for path in directory.glob(f"ckpt_*{layout.TEMPORARY_SUFFIX}"):
         if not _being_removed(path):

@@ -279,9 +279,10 @@ class LayoutProcess:
             reply = self._next_reply("to write the master file")
         return self._outcome(reply) is not _Unavailable
 
-    def publish_checkpoint(self, temporary, final, keep: int) -> bool:
+    def publish_checkpoint(self, temporary, final, keep: int, run_id: str | None) -> bool:
         """:func:`~hpcgpu.checkpoint.filesystem.publish_checkpoint` in the helper; False: do it in-process."""
-        reply = self._request([("publish", {"temporary": str(temporary), "final": str(final), "keep": keep})])
+        reply = self._request([("publish", {"temporary": str(temporary), "final": str(final), "keep": keep,
+                                            "run_id": run_id})])
         return reply is not _Unavailable
 
     def _request(self, parts: list):

@@ -8,11 +8,17 @@ Atomicity: a checkpoint is written into ``ckpt_N.tmp/``; only when every rank's 
 and fsync'd, and every rank says so, does rank 0 rename the directory to ``ckpt_N/`` (atomic) and
 fsync the parent. A crash at any moment leaves either the complete new checkpoint or a ``*.tmp``
 directory that :meth:`find` ignores, next to the intact older checkpoints.
+
+Ownership: every checkpoint records the run that wrote it (a run id, kept across restarts) and a
+fingerprint of the run's configuration (:mod:`hpcgpu.checkpoint.identity`). A manager prunes only
+its own run's checkpoints, refuses to save over another run's, replaces its own atomically, and
+``"latest"`` picks only checkpoints of a compatible configuration.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import queue
 import threading
 import time
@@ -23,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcgpu.checkpoint import bulk, layout
+from hpcgpu.checkpoint import bulk, identity, layout
 from hpcgpu.checkpoint import layout_process
-from hpcgpu.checkpoint.filesystem import fault_point, publish_checkpoint, remove_tree
+from hpcgpu.checkpoint.filesystem import fault_point, publish_checkpoint, recover_replaced, remove_tree
 from hpcgpu.checkpoint.reader import BlockReader, CheckpointInfo, read_master, read_replicated_state
 from hpcgpu.checkpoint.snapshot import PinnedPool, take_snapshot
 from hpcgpu.checkpoint.writer import (build_index, describe, write_master_file, write_rank_file,
@@ -82,8 +88,9 @@ class _WriteJob:
     ``done`` (on other ranks ``done`` follows ``written`` at once).
     """
 
-    def __init__(self, snapshot, index, temporary: Path, final: Path):
+    def __init__(self, snapshot, index, temporary: Path, final: Path, run_id: str):
         self.snapshot, self.index, self.temporary, self.final = snapshot, index, temporary, final
+        self.run_id = run_id  # the run that owns it (fixed when the save starts)
         self.error = None
         self.publish_error = None
         self.request = None
@@ -181,10 +188,26 @@ class CheckpointManager:
         when available and ``per-rank-files`` otherwise.
     provenance : dict, optional
         ``hpcgpu_version`` and ``git_commit`` to record (default: this hpcgpu's).
+    config : dict, optional
+        The options that define the model and the layout of its state (JSON-able values; the
+        same on every rank). Their fingerprint is stored in every checkpoint, and ``"latest"``
+        restarts only from checkpoints with the same fingerprint (or legacy ones, which have none).
+    run_id : str, optional
+        This run's id (the same on every rank); by default rank 0 makes a new one and broadcasts it.
+        :meth:`load` replaces it with the run id of the checkpoint it restarts from.
+
+    Attributes
+    ----------
+    run_id : str
+    config_fingerprint : str
+    restart_note : str or None
+        After :meth:`load`: which run was continued and what else the directory holds (several runs,
+        incompatible ones, a legacy checkpoint), for the app to print.
     """
 
     def __init__(self, comm, directory, app: str, keep: int = 3, asynchronous: bool = False,
-                 compression: str | None = None, storage: str = "auto", provenance: dict | None = None):
+                 compression: str | None = None, storage: str = "auto", provenance: dict | None = None,
+                 config: dict | None = None, run_id: str | None = None):
         import h5py
 
         if keep < 1:
@@ -209,6 +232,13 @@ class CheckpointManager:
 
                 provenance = {"hpcgpu_version": hpcgpu.__version__, "git_commit": git_commit()}
         self.provenance = provenance
+        self.config = identity.canonical_options(config or {})
+        self.config_fingerprint = identity.fingerprint(self.config)
+        if run_id is None:
+            run_id = comm.broadcast(identity.new_run_id() if comm.rank == 0 else None, root=0)
+        self.run_id = str(run_id)
+        self.restart_note = None
+        self._incompatible = []  # checkpoints "latest" skipped for their configuration (for messages)
         self._pool = PinnedPool() if asynchronous else None
         self._writer = _BackgroundWriter() if asynchronous else None
         # The h5py layout of asynchronous saves runs in a helper process (off this process's GIL);
@@ -258,8 +288,13 @@ class CheckpointManager:
         if self.comm.rank == 0:
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
+                recover_replaced(self.directory)
                 remove_tree(temporary)  # left over by a crash during an earlier attempt
-                temporary.mkdir()
+                owner = identity.read_owner(final) if final.exists() else None
+                if owner is not None and (owner.problem is not None or owner.run_id != self.run_id):
+                    problem = identity.refuse_overwrite_message(final, owner, self.run_id)
+                else:
+                    temporary.mkdir()
             except OSError as exc:
                 problem = f"cannot create {temporary}: {exc}"
         try:
@@ -280,7 +315,7 @@ class CheckpointManager:
         if problem:
             self._discard(temporary)
             raise _replicated_error(f"checkpoint of step {step} not written: {problem}")
-        job = _WriteJob(snapshot, index, temporary, final)
+        job = _WriteJob(snapshot, index, temporary, final, self.run_id)
         self.last_bytes = snapshot.n_bytes
         if self.asynchronous:
             self._writer.submit(job, self._write_files, self._publish if self.comm.rank == 0 else None)
@@ -292,22 +327,29 @@ class CheckpointManager:
         self.last_save_seconds = time.perf_counter() - started
         return info
 
+    def _master_attributes(self, job: _WriteJob) -> dict:
+        """Provenance and identity for the master file's root attributes."""
+        return {**self.provenance, identity.RUN_ID_ATTRIBUTE: job.run_id,
+                identity.FINGERPRINT_ATTRIBUTE: self.config_fingerprint,
+                identity.OPTIONS_ATTRIBUTE: json.dumps(self.config, sort_keys=True)}
+
     def _write_files(self, job: _WriteJob) -> None:
         rank, n_ranks = self.comm.rank, self.comm.size
+        provenance = self._master_attributes(job)
         if self.storage == layout.LAYOUT_SINGLE_FILE:
             write_single_file(job.temporary / layout.MASTER_FILE, job.snapshot, job.index, self.comm, self.app,
-                              self.provenance)
+                              provenance)
             return
         helper = self._layout_process if self.asynchronous else None
         master = job.temporary / layout.MASTER_FILE
         if helper is not None and rank == 0:
             # Sent with the rank file's layout request: the helper writes the master while this
             # thread pwrites the rank file's bytes.
-            helper.queue_master_file(master, job.snapshot, job.index, self.app, n_ranks, self.provenance)
+            helper.queue_master_file(master, job.snapshot, job.index, self.app, n_ranks, provenance)
         write_rank_file(job.temporary / layout.rank_file_name(rank), job.snapshot, rank, n_ranks, self.app,
                         self.compression, scratch=self._scratch, layout_process=helper)
         if rank == 0 and (helper is None or not helper.master_file_written()):
-            write_master_file(master, job.snapshot, job.index, self.app, n_ranks, self.provenance)
+            write_master_file(master, job.snapshot, job.index, self.app, n_ranks, provenance)
 
     def _discard(self, temporary: Path) -> None:
         if self.comm.rank == 0:
@@ -317,17 +359,19 @@ class CheckpointManager:
         """Rank 0: make the written checkpoint visible (atomic rename) and remove old ones."""
         fault_point("before-rename", 0)
         helper = self._layout_process if self.asynchronous else None
-        if helper is None or not helper.publish_checkpoint(job.temporary, job.final, self.keep):
+        if helper is None or not helper.publish_checkpoint(job.temporary, job.final, self.keep, job.run_id):
             # A synchronous save returns once its checkpoint is durable; the old checkpoints it
             # replaces are renamed away now and unlinked in the background (~0.1 s per 512 MiB).
-            publish_checkpoint(job.temporary, job.final, self.keep, defer_removal=not self.asynchronous)
+            publish_checkpoint(job.temporary, job.final, self.keep, job.run_id, defer_removal=not self.asynchronous)
 
     def _info_of(self, job: _WriteJob) -> CheckpointInfo:
         return CheckpointInfo(path=job.final, step=int(layout.step_of(job.final.name)), app=self.app,
                               n_ranks=self.comm.size, layout=self.storage,
                               created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                               hpcgpu_version=str(self.provenance.get("hpcgpu_version", "")),
-                              git_commit=str(self.provenance.get("git_commit", "")), index=job.index)
+                              git_commit=str(self.provenance.get("git_commit", "")), index=job.index,
+                              run_id=job.run_id, config_fingerprint=self.config_fingerprint,
+                              config_options=self.config)
 
     def _commit_blocking(self, job: _WriteJob) -> CheckpointInfo:
         self.last_write_seconds = job.seconds
@@ -446,19 +490,83 @@ class CheckpointManager:
         found = [(layout.step_of(p.name), p) for p in self.directory.iterdir() if p.is_dir()]
         return [p for step, p in sorted((s, p) for s, p in found if s is not None)]
 
+    def owners(self) -> list[identity.CheckpointOwner]:
+        """Collective: who wrote each complete checkpoint (rank 0 reads the masters' attributes), oldest
+        step first, the same list on every rank."""
+        owners = None
+        if self.comm.rank == 0:
+            recover_replaced(self.directory)  # a replacement interrupted by a crash
+            owners = [identity.read_owner(path) for path in self.checkpoints()]
+        return self.comm.broadcast(owners, root=0)
+
+    def foreign_checkpoints(self) -> list[identity.CheckpointOwner]:
+        """Collective: the checkpoints in the directory that this run did not write (another run id,
+        legacy or unreadable ones)."""
+        return [owner for owner in self.owners() if owner.problem is not None or owner.run_id != self.run_id]
+
     # ------------------------------------------------------------------ finding
     def _candidates(self, which) -> list[Path]:
+        self._incompatible = []
         if isinstance(which, CheckpointInfo):
             return [which.path]
         if str(which) == "latest":
-            paths = self.checkpoints()[::-1] if self.comm.rank == 0 else None
-            return self.comm.broadcast(paths, root=0)
+            return self._latest_candidates()
         path = Path(which)
         if path.name == layout.MASTER_FILE:
             path = path.parent
         if not path.is_absolute() and not path.exists() and (self.directory / path).exists():
             path = self.directory / path
         return [path]
+
+    def _latest_candidates(self) -> list[Path]:
+        """Compatible checkpoints, the newest run first (by the time its newest checkpoint was written),
+        each run's newest step first; unreadable ones are tried in step order with the newest run's
+        (so they are skipped with a warning where they would have been chosen)."""
+        owners = self.owners()
+        unreadable = [o for o in owners if o.problem is not None]
+        readable = [o for o in owners if o.problem is None]
+        compatible = [o for o in readable if o.compatible_with(self.config_fingerprint)]
+        self._incompatible = [o for o in readable if not o.compatible_with(self.config_fingerprint)]
+        newest = {}
+        for owner in compatible:
+            newest[owner.run_id] = max(newest.get(owner.run_id, owner.created_time()), owner.created_time())
+        order = {run: i for i, run in enumerate(sorted(newest, key=lambda run: newest[run], reverse=True))}
+        ordered = sorted(compatible, key=lambda o: (order[o.run_id], -o.step))
+        first_run = [o for o in ordered if order[o.run_id] == 0]
+        ordered = sorted(first_run + unreadable, key=lambda o: -o.step) + ordered[len(first_run):]
+        if not ordered and self._incompatible:
+            raise _replicated_error(f"no checkpoint in {self.directory} matches this run's configuration; found "
+                                    f"{identity.summarize(self._incompatible)}.\n" + self._differences_text()
+                                    + "\nRestart with the options of that run, name one checkpoint explicitly "
+                                    "to restart from it anyway, or start a new run in another checkpoint directory")
+        return [o.path for o in ordered]
+
+    def _differences_text(self) -> str:
+        lines, seen = [], set()
+        for owner in self._incompatible:
+            if owner.run_id in seen:
+                continue
+            seen.add(owner.run_id)
+            lines.append(f"{owner.run_label} differs from this run in:")
+            lines += [f"    {line}" for line in identity.differences(owner.config_options, self.config)]
+        return "\n".join(f"  {line}" for line in lines)
+
+    def _describe_choice(self, info: CheckpointInfo, which) -> str | None:
+        """What :attr:`restart_note` says about the checkpoint just loaded (None: nothing noteworthy)."""
+        notes = []
+        if info.legacy:
+            notes.append(f"{info.path.name} was written before run ids existed (a legacy checkpoint); this run "
+                         f"continues it as run {self.run_id}, and leaves the legacy checkpoints in place")
+        elif info.config_fingerprint not in (None, self.config_fingerprint):
+            notes.append(f"{info.path.name} was written with other options: "
+                         + "; ".join(identity.differences(info.config_options, self.config)))
+        if str(which) == "latest":
+            others = [o for o in self.owners() if o.problem is not None or o.run_id != info.run_id]
+            if others:
+                notes.append(f"{self.directory} holds checkpoints of several runs; chose the newest compatible "
+                             f"one ({'legacy run' if info.legacy else 'run ' + str(info.run_id)}, step {info.step}); "
+                             f"also there: {identity.summarize(others)}")
+        return "; ".join(notes) or None
 
     def _inspect(self, path: Path) -> CheckpointInfo:
         """Collective: read the master on rank 0; every rank checks a share of the rank files."""
@@ -513,7 +621,11 @@ class CheckpointManager:
         if not candidates:
             raise _replicated_error(f"no checkpoint found in {self.directory} (expected ckpt_NNNNNNNNN directories); "
                                     "run without --restart to start from the beginning")
-        raise _replicated_error(f"no valid checkpoint in {self.directory}:\n  " + "\n  ".join(rejected))
+        incompatible = ""
+        if self._incompatible:
+            incompatible = (f"\nskipped, other configuration: {identity.summarize(self._incompatible)}\n"
+                            + self._differences_text())
+        raise _replicated_error(f"no valid checkpoint in {self.directory}:\n  " + "\n  ".join(rejected) + incompatible)
 
     # ------------------------------------------------------------------ loading
     def load(self, which="latest", fields: dict | None = None, particles: bool = False,
@@ -538,7 +650,12 @@ class CheckpointManager:
             rank first tries its own saved rows (exact, same order) and keeps them if ``fn`` accepts
             all of them on every rank.
         """
-        return self._first_valid(which, lambda info: self._load(info, fields or {}, particles, particle_select_fn))
+        restored = self._first_valid(which, lambda info: self._load(info, fields or {}, particles, particle_select_fn))
+        # A restarted run continues the run of its checkpoint (a legacy one keeps this run's new id).
+        if restored.info.run_id is not None:
+            self.run_id = restored.info.run_id
+        self.restart_note = self._describe_choice(restored.info, which)
+        return restored
 
     def _load(self, info: CheckpointInfo, fields: dict, want_particles: bool, select_fn) -> RestoredState:
         comm = self.comm

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcgpu.checkpoint import layout
+from hpcgpu.checkpoint import identity, layout
 from hpcgpu.checkpoint.integrity import find_bad_tiles
 from hpcgpu.errors import CheckpointError
 
@@ -38,6 +38,11 @@ class CheckpointInfo:
     index : dict
         Per field: global_shape, dtype, dims, periodic, starts and shapes of the writers' blocks;
         particles: per-rank counts and the arrays' dtypes and trailing shapes.
+    run_id, config_fingerprint : str or None
+        The run that wrote it and its configuration fingerprint (:mod:`hpcgpu.checkpoint.identity`);
+        None for a checkpoint written before run ids existed (a *legacy* checkpoint).
+    config_options : dict or None
+        The fingerprinted options.
     """
 
     path: Path
@@ -50,6 +55,14 @@ class CheckpointInfo:
     git_commit: str
     metadata: dict = dataclass_field(default_factory=dict)
     index: dict = dataclass_field(default_factory=dict)
+    run_id: str | None = None
+    config_fingerprint: str | None = None
+    config_options: dict | None = None
+
+    @property
+    def legacy(self) -> bool:
+        """True for a checkpoint written before run ids existed."""
+        return self.run_id is None
 
     @property
     def master_file(self) -> Path:
@@ -65,7 +78,8 @@ class CheckpointInfo:
         return int(sum(self.index["particles"]["counts"]))
 
     def __str__(self) -> str:
-        return (f"checkpoint {self.path} (app {self.app}, step {self.step}, written by {self.n_ranks} ranks "
+        run = "a legacy run" if self.run_id is None else f"run {self.run_id}"
+        return (f"checkpoint {self.path} (app {self.app}, step {self.step}, {run}, written by {self.n_ranks} ranks "
                 f"on {self.created})")
 
 
@@ -165,7 +179,18 @@ def _read_master(handle, directory: Path, path: Path, expected_app: str | None) 
         path=directory, step=step, app=app, n_ranks=n_ranks, layout=storage,
         created=_text(handle.attrs.get("created", "")), hpcgpu_version=_text(handle.attrs.get("hpcgpu_version", "")),
         git_commit=_text(handle.attrs.get("git_commit", "")),
-        metadata=json.loads(_text(handle.attrs.get("metadata", "{}"))), index=index)
+        metadata=json.loads(_text(handle.attrs.get("metadata", "{}"))), index=index,
+        run_id=_optional_text(handle, identity.RUN_ID_ATTRIBUTE),
+        config_fingerprint=_optional_text(handle, identity.FINGERPRINT_ATTRIBUTE),
+        config_options=_optional_json(handle, identity.OPTIONS_ATTRIBUTE))
+
+
+def _optional_text(handle, name: str) -> str | None:
+    return _text(handle.attrs[name]) if name in handle.attrs else None
+
+
+def _optional_json(handle, name: str) -> dict | None:
+    return json.loads(_text(handle.attrs[name])) if name in handle.attrs else None
 
 
 def read_replicated_state(info: CheckpointInfo) -> dict:

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hpcgpu.checkpoint import bulk, layout
+from hpcgpu.checkpoint import bulk, identity, layout
 from hpcgpu.checkpoint.filesystem import WriteBehind, fault_point, fsync_path
 from hpcgpu.checkpoint.integrity import crc32, iter_tiles, tile_slices
 from hpcgpu.checkpoint.replicated import replicated_digests, write_replicated
@@ -103,9 +103,14 @@ def _root_attributes(handle, snapshot, index, app: str, n_ranks: int, storage: s
     attrs["app"] = app
     attrs["step"] = np.int64(snapshot.step)
     attrs["n_ranks"] = np.int64(n_ranks)
-    attrs["created"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    # Microseconds: --restart latest orders the checkpoints of several runs by this time.
+    attrs["created"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")
     attrs["hpcgpu_version"] = provenance.get("hpcgpu_version") or "unknown"
     attrs["git_commit"] = provenance.get("git_commit") or "unknown"
+    # Which run wrote it (hpcgpu.checkpoint.identity); the manager adds these to ``provenance``.
+    for key in (identity.RUN_ID_ATTRIBUTE, identity.FINGERPRINT_ATTRIBUTE, identity.OPTIONS_ATTRIBUTE):
+        if provenance.get(key) is not None:
+            attrs[key] = provenance[key]
     attrs["metadata"] = json.dumps(snapshot.metadata, default=str)
 
 

@@ -18,12 +18,13 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def _describe(path):
-    """Every object of an HDF5 file: kind, shape, dtype, layout, attributes (``created`` left out)."""
+    """Every object of an HDF5 file: kind, shape, dtype, layout, attributes (``created`` and ``run_id``,
+    which differ between two runs, left out)."""
     found = {}
 
     def visit(name, item):
         attributes = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in item.attrs.items()
-                      if k != "created"}
+                      if k not in ("created", "run_id")}
         if isinstance(item, h5py.Dataset):
             found[name] = ("dataset", item.shape, item.dtype.str, item.chunks, item.is_virtual, attributes)
         else:

@@ -132,15 +132,19 @@ def test_synchronous_saves_prune_old_checkpoints_in_the_background(tmp_path, ser
 
 
 def test_publish_with_deferred_removal_leaves_trees_being_removed_to_their_thread(tmp_path, monkeypatch):
+    import h5py
+
     for step in (1, 2):
         (tmp_path / layout.directory_name(step)).mkdir()
         (tmp_path / layout.directory_name(step) / "rank_00000.h5").write_bytes(b"x" * 100)
+        with h5py.File(tmp_path / layout.directory_name(step) / layout.MASTER_FILE, "w") as master:
+            master.attrs["run_id"] = "run-a"  # pruning considers only the saving run's checkpoints
     (tmp_path / "ckpt_000000003.tmp").mkdir()
     removed_now = []
     original = filesystem.remove_tree
     monkeypatch.setattr(filesystem, "remove_tree", lambda path: (removed_now.append(path.name), original(path)))
     filesystem.publish_checkpoint(tmp_path / "ckpt_000000003.tmp", tmp_path / "ckpt_000000003", keep=1,
-                                  defer_removal=True)
+                                  run_id="run-a", defer_removal=True)
     filesystem.wait_for_removals()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt_000000003"]
     assert not any(name.startswith(("ckpt_000000001", "ckpt_000000002")) for name in removed_now)
