@@ -122,7 +122,11 @@ def replace_directory(source: Path, target: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
     os.rename(target, aside)
     fault_point("mid-replace", 0)
-    rename_durably(source, target)
+    try:
+        rename_durably(source, target)
+    except OSError:
+        os.rename(aside, target)  # put the old checkpoint back
+        raise
     remove_tree(aside)
 
 

@@ -153,7 +153,14 @@ def summarize(owners) -> str:
 
 
 def refuse_overwrite_message(final: Path, owner: CheckpointOwner, run_id: str) -> str:
-    return (f"{final} already holds a checkpoint of {owner.run_label}; this run ({run_id}) never "
+    """Why a run does not save over checkpoint ``final`` (another run's, a legacy or unreadable one)."""
+    if owner.problem is not None:
+        holder = f"unreadable checkpoint ({owner.problem})"
+    elif owner.run_id is None:
+        holder = "checkpoint of a legacy run (written before run ids)"
+    else:
+        holder = f"checkpoint of run {owner.run_id}"
+    return (f"{final} already holds a {holder}; this run ({run_id}) never "
             "overwrites or deletes another run's checkpoint. Use another checkpoint directory for this "
             "run, or move that checkpoint away")
 

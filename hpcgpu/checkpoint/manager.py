@@ -537,7 +537,7 @@ class CheckpointManager:
         if not ordered and self._incompatible:
             raise _replicated_error(f"no checkpoint in {self.directory} matches this run's configuration; found "
                                     f"{identity.summarize(self._incompatible)}.\n" + self._differences_text()
-                                    + "\nRestart with the options of that run, name one checkpoint explicitly "
+                                    + "\nRestart with the options of the run to continue, name one checkpoint explicitly "
                                     "to restart from it anyway, or start a new run in another checkpoint directory")
         return [o.path for o in ordered]
 
