@@ -15,33 +15,84 @@ The loop of an app reads::
 limit) writes a final checkpoint and ends every rank with :data:`EXIT_REQUEUE` (75), which the job
 scripts use to requeue; ``--restart latest`` then continues. ``--restart latest`` with no checkpoint at
 all is a fresh start (the first job of a chain).
+
+Run identity (``docs/checkpoint.md``, "Runs"): the checkpoints record the run id and a fingerprint of
+the options that define the model (every option except :data:`RESTART_INDEPENDENT_OPTIONS`). A fresh
+run (no ``--restart``) refuses to start in a checkpoint directory that holds another run's
+checkpoints unless ``--share-checkpoint-dir`` is given; ``--restart latest`` continues the newest run
+whose fingerprint matches.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+from hpcgpu.checkpoint import identity
 from hpcgpu.errors import ConfigurationError
 
 #: How often (in steps) the ranks agree on whether to stop; one small allreduce each time.
 STOP_CHECK_EVERY = 10
+
+#: Options (``argparse`` destinations) left out of the configuration fingerprint: they may change
+#: between a run and its restart without changing the model or the layout of its state.
+RESTART_INDEPENDENT_OPTIONS = frozenset({
+    # how long, where, how loud, on what hardware
+    "config", "backend", "steps", "days", "quiet", "bind_cpus", "output", "summary",
+    # checkpointing itself
+    "checkpoint_every", "checkpoint_dir", "restart", "keep", "async_checkpoint", "wall_time_limit",
+    "share_checkpoint_dir",
+    # monitoring and profiling
+    "monitor", "monitor_interval", "profile",
+    # decomposition, transport and performance tuning (checkpoints restart on any rank count)
+    "dims", "graph", "nccl_channels", "no_overlap", "peer_halo", "exchange", "resident", "allreduce",
+    "bucket_mb", "zero", "recompute", "blas_threads", "rebuild_every", "check_interval", "no_check", "sort_every",
+    # output and diagnostics cadence
+    "no_plot", "snapshot_every", "norm_every", "nan_check_every", "dump_every", "thermo_every", "eval_every",
+    "json", "write_data",
+})
+
+
+def fingerprinted_options(options, excluded=RESTART_INDEPENDENT_OPTIONS) -> dict:
+    """The options of ``options`` (an ``argparse.Namespace``) that define the run's configuration,
+    keyed by their flag (``{"--nx": 36}``, so that a refusal names the flags that differ)."""
+    return {"--" + key.replace("_", "-"): value for key, value in sorted(vars(options).items()) if key not in excluded}
 
 
 class RunControl:
     """Checkpointing and stop requests of one run, configured from the common flags."""
 
     def __init__(self, comm, options, app: str, output, quiet: bool = False,
-                 stop_check_every: int = STOP_CHECK_EVERY):
+                 stop_check_every: int = STOP_CHECK_EVERY, config: dict | None = None,
+                 excluded_options=RESTART_INDEPENDENT_OPTIONS):
         """``stop_check_every``: steps between the ranks' agreement on stopping (one small allreduce);
-        an app whose steps are long (training) checks every step."""
+        an app whose steps are long (training) checks every step.
+
+        ``config``: the options that define the run's configuration (fingerprinted, see
+        :mod:`hpcgpu.checkpoint.identity`); by default every option of ``options`` except
+        ``excluded_options``.
+
+        Raises
+        ------
+        ConfigurationError
+            A fresh run (no ``--restart``) in a checkpoint directory holding another run's
+            checkpoints, without ``--share-checkpoint-dir`` (the same on every rank).
+        """
         from hpcgpu.checkpoint import EXIT_REQUEUE, CheckpointManager, Preemption
 
         self.comm, self.options, self.app = comm, options, app
         self.every = options.checkpoint_every
         self.loud = comm.rank == 0 and not quiet
         directory = Path(options.checkpoint_dir) if options.checkpoint_dir else Path(output) / "checkpoints"
+        if config is None:
+            config = fingerprinted_options(options, excluded_options)
         self.manager = CheckpointManager(comm, directory, app=app, keep=options.keep,
-                                         asynchronous=options.async_checkpoint)
+                                         asynchronous=options.async_checkpoint, config=config)
+        try:
+            self._check_fresh_start()
+        except BaseException:
+            self.manager.close()
+            raise
         if options.wall_time_limit is not None and options.wall_time_limit <= 0:
             raise ConfigurationError(f"--wall-time-limit must be positive seconds, got {options.wall_time_limit}")
         self.preemption = Preemption(comm, wall_time_limit=options.wall_time_limit)
@@ -50,6 +101,30 @@ class RunControl:
         self.stop_check_every = max(1, int(stop_check_every))
         self._closed = False
         self._next_stop_check = self.stop_check_every
+
+    def _check_fresh_start(self) -> None:
+        """Collective: refuse a fresh run in a directory that holds another run's checkpoints."""
+        if self.options.restart is not None:
+            return  # a restart continues a run (or, for latest with no checkpoint, finds none to clash with)
+        others = self.manager.foreign_checkpoints()
+        if not others:
+            return
+        if getattr(self.options, "share_checkpoint_dir", False):
+            if self.loud:
+                print(f"note: {self.manager.directory} also holds {identity.summarize(others)}; this new run "
+                      f"({self.manager.run_id}) leaves them untouched (--share-checkpoint-dir)")
+            clashes = sorted(o.step for o in others if self.every and o.step % self.every == 0)
+            if clashes and self.comm.rank == 0:  # even with --quiet: the run would fail later
+                print(f"warning: this run cannot save a checkpoint at step(s) {', '.join(map(str, clashes))}, "
+                      "which the other run holds, and would stop there with an error; choose another "
+                      "--checkpoint-every or --checkpoint-dir", file=sys.stderr, flush=True)
+            return
+        raise ConfigurationError(
+            f"checkpoint directory {self.manager.directory} already holds checkpoints of another run: "
+            f"{identity.summarize(others)}; a new run there would mix its checkpoints with them. To continue "
+            "that run, add --restart latest; to start a new run, give it its own --checkpoint-dir (or --output), "
+            "or add --share-checkpoint-dir to start it beside the other run (whose checkpoints it then never "
+            "prunes or overwrites)")
 
     def restart_requested(self) -> bool:
         """True if ``--restart`` names a checkpoint to continue from.
@@ -74,8 +149,14 @@ class RunControl:
                                      particle_select_fn=select_fn)
         self.last_saved_step = restored.step
         if self.loud:
-            print(f"restarted from {restored.info.path} (step {restored.step}, written by {restored.info.n_ranks} ranks)")
+            print(f"restarted from {restored.info.path} (step {restored.step}, written by {restored.info.n_ranks} ranks, "
+                  f"run {self.manager.run_id})")
+        self._print_restart_note()
         return restored
+
+    def _print_restart_note(self) -> None:
+        if self.loud and self.manager.restart_note:
+            print(f"note: {self.manager.restart_note}", flush=True)
 
     def restore_with(self, load_fn):
         """:meth:`restore` for apps that read their own checkpoint contents.
@@ -87,6 +168,7 @@ class RunControl:
             return None
         step = load_fn(self.manager, self.options.restart)
         self.last_saved_step = step
+        self._print_restart_note()
         return step
 
     def save(self, step: int, state_fn) -> None:
