@@ -1,14 +1,22 @@
-"""Command line of the framework: ``python -m hpcgpu {info,demo}``."""
+"""Command line of the framework: ``hpcgpu {info,jobscript}`` (also ``python -m hpcgpu ...``)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = "hpcgpu" if os.path.basename(sys.argv[0]) == "hpcgpu" else "python -m hpcgpu"
+    if argv[:1] == ["jobscript"]:
+        # Its own parser: app flags after `--` pass through untouched. Needs no MPI.
+        from hpcgpu.jobscript import main as jobscript_main
+
+        return jobscript_main(argv[1:], prog=f"{prog} jobscript")
     parser = argparse.ArgumentParser(
-        prog="python -m hpcgpu",
+        prog=prog,
         description="hpcgpu: MPI + GPU scientific computing. Run under mpiexec/srun for one row per rank.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -19,6 +27,11 @@ def main(argv=None) -> int:
     )
     info.add_argument("--backend", choices=("auto", "cupy", "numpy"), default="auto", help="backend to probe (default: auto)")
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    commands.add_parser(
+        "jobscript", add_help=False,
+        help="write a Slurm script for an app (one rank per GPU), or list / copy the shipped templates "
+             "(see: jobscript --help)",
+    )
     args = parser.parse_args(argv)
     if args.command == "info":
         from hpcgpu.info import main as info_main
