@@ -5,38 +5,89 @@
 variables' metadata and how a map is drawn; opening the file on rank 0, appending a time record of
 the gathered cell-centre fields, closing it, and the two-panel figure (depth, relative vorticity)
 live here once.
+
+A snapshot file is never overwritten. A fresh run (the model at step 0) refuses a file that already
+exists; a restarted run appends to the file of the run it continues::
+
+    records at t <= restart step    kept (written by the earlier job, equal to what this run would write)
+    records at t >  restart step    dropped: a later part of the earlier job (after the checkpoint it
+                                    restarts from) that this run computes again and replaces
+    no file yet                     created, holding the records from the restart on
+
+A file whose grid or configuration (``configuration`` attribute, the rank count aside) differs from
+this run's is refused as well. Each refusal is one ConfigurationError, raised on every rank before
+any gather.
 """
 
 from __future__ import annotations
 
+import datetime
+import json
+from pathlib import Path
+
 import numpy as np
+
+from hpcgpu.errors import ConfigurationError
 
 #: Time axis of every snapshot file (CF-1.8): model seconds from a fixed, documented origin.
 TIME_ATTRIBUTES = {"units": "seconds since 2000-01-01 00:00:00", "calendar": "standard",
                    "standard_name": "time", "long_name": "model time", "axis": "T"}
 
+#: Configuration keys that may differ between the jobs of one run (a restart works on any rank count).
+_MAY_CHANGE_ON_RESTART = ("n_ranks",)
+
 
 class SnapshotFile:
     """An appendable CF-1.8 netCDF file: rank 0 writes, every rank takes part in the gathers.
 
-    Subclasses define :meth:`centred_fields` (collective: ``{name: (ny, nx) array}`` on rank 0,
-    None elsewhere) and :meth:`define` (global attributes, dimensions, coordinates and one
-    ``(time, y, x)`` float32 variable per field, on the open ``h5netcdf.File``).
+    Subclasses define :meth:`configuration` (a JSON-able dict of the grid and physics, stored in the
+    global attribute ``configuration`` and compared on restart), :meth:`centred_fields` (collective:
+    ``{name: (ny, nx) array}`` on rank 0, None elsewhere) and :meth:`define` (global attributes,
+    dimensions, coordinates and one ``(time, y, x)`` float32 variable per field, on the open
+    ``h5netcdf.File``); :attr:`VARIABLES` names the time-dependent fields.
+
+    Parameters
+    ----------
+    model
+        The model (``comm``, ``time`` and ``dt`` in seconds are read).
+    path : str or Path
+    restarted : bool
+        False for a fresh run (the model at step 0): an existing ``path`` is refused. True when the
+        model continues from a checkpoint and already stands after the first step of this job: the
+        records before ``model.time`` are kept, later ones dropped (see the module docstring).
+
+    Raises
+    ------
+    ConfigurationError
+        On every rank, when ``path`` exists on a fresh run, or belongs to another run (other grid,
+        other configuration, not a readable snapshot file) on a restart.
     """
 
-    def __init__(self, model, path):
+    #: ``{name: (units, standard_name or None, long_name)}`` of the ``(time, y, x)`` fields.
+    VARIABLES: dict = {}
+
+    def __init__(self, model, path, restarted: bool = False):
         self.comm = model.comm
+        self.path = Path(path)
         self.file = None
         self.count = 0
-        if self.comm.rank != 0:
-            return
-        try:
-            import h5netcdf
-        except ImportError:
-            print("note: h5netcdf is not installed; no netCDF snapshots written (pip install 'hpcgpu[apps]')")
-            return
-        self.file = h5netcdf.File(path, "w")
-        self.define(model)
+        problem = None
+        if self.comm.rank == 0:
+            try:
+                import h5netcdf  # noqa: F401
+            except ImportError:
+                print("note: h5netcdf is not installed; no netCDF snapshots written (pip install 'hpcgpu[apps]')")
+            else:
+                problem = self._open(model, restarted)
+        # Rank 0 alone sees the file: every rank raises its verdict together, before any gather.
+        problem = self.comm.broadcast(problem)
+        if problem is not None:
+            self.close()
+            raise ConfigurationError(problem)
+
+    # ------------------------------------------------------------------ what a subclass defines
+    def configuration(self, model) -> dict:
+        raise NotImplementedError
 
     def define(self, model) -> None:
         raise NotImplementedError
@@ -45,6 +96,69 @@ class SnapshotFile:
     def centred_fields(model):
         raise NotImplementedError
 
+    # ------------------------------------------------------------------ opening (rank 0)
+    def _open(self, model, restarted: bool):
+        """Rank 0: open or create the file; returns the reason to refuse it, or None."""
+        import h5netcdf
+
+        if not self.path.exists():
+            self.file = h5netcdf.File(self.path, "w")
+            self.file.attrs["configuration"] = json.dumps(self.configuration(model))
+            self.define(model)
+            if restarted:
+                self._add_history(f"created by a restarted run at model time {model.time:g} s; the records "
+                                  "before it are in the output of the earlier job")
+            return None
+        if not restarted:
+            return (f"{self.path} already exists and this run starts from step 0: it would be overwritten. "
+                    f"Move or delete it, choose another --output, or continue the run that wrote it with "
+                    f"--restart latest (or --restart PATH)")
+        try:
+            self.file = h5netcdf.File(self.path, "a")
+            problem = self._incompatibility(model)
+        except (OSError, ValueError, KeyError) as exc:
+            problem = f"{self.path} cannot be read as a snapshot file ({exc})"
+        if problem is not None:
+            return (f"{problem}; this restarted run would append to it. Move it away or choose another "
+                    f"--output (or restart with the options of the run that wrote it)")
+        self._drop_records_after(model)
+        return None
+
+    def _incompatibility(self, model):
+        """Rank 0: why the open file does not belong to this run, or None."""
+        mine = self.configuration(model)
+        found = json.loads(self.file.attrs.get("configuration", "{}"))
+        differ = sorted(key for key in set(mine) | set(found)
+                        if key not in _MAY_CHANGE_ON_RESTART and mine.get(key) != found.get(key))
+        if differ:
+            return (f"{self.path} was written by another run: its configuration has "
+                    + ", ".join(f"{key}={found.get(key)!r}" for key in differ) + ", this run "
+                    + ", ".join(f"{key}={mine.get(key)!r}" for key in differ))
+        if "time" not in self.file.variables or any(name not in self.file.variables for name in self.VARIABLES):
+            return f"{self.path} lacks the variables time, {', '.join(self.VARIABLES)}"
+        return None
+
+    def _drop_records_after(self, model) -> None:
+        """Rank 0: keep the records before the first step of this job (time < model.time), drop the rest."""
+        times = np.asarray(self.file.variables["time"][:], dtype=np.float64)
+        # Record times are step * dt: half a step away from the cut-off, never equal to it.
+        late = times >= model.time - 0.5 * model.dt
+        keep = int(np.argmax(late)) if late.any() else times.size
+        if keep < times.size:
+            self.file.resize_dimension("time", keep)
+        self.count = keep
+        kept = f"{keep} records kept (to t = {times[keep - 1]:g} s)" if keep else "no record kept"
+        self._add_history(f"continued by a restarted run: {kept}"
+                          + (f", {times.size - keep} later records dropped (computed again by this run)"
+                             if keep < times.size else ""))
+        self.file.flush()
+
+    def _add_history(self, text: str) -> None:
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        previous = self.file.attrs.get("history", "")
+        self.file.attrs["history"] = f"{previous}\n{stamp} {text}" if previous else f"{stamp} {text}"
+
+    # ------------------------------------------------------------------ writing
     def write(self, model) -> None:
         """Collective: append the current state as one time record."""
         fields = self.centred_fields(model)

@@ -174,7 +174,8 @@ class LatLonModel(CheckpointedModel):
 
         Snapshots (``OUTPUT/latlon.nc``, :mod:`apps.stencil.sphere.output`) every ``snapshot_every``
         steps, the initial state first; ``None`` means about 50 per run, 0 none, and no ``output``
-        directory none either. Collective.
+        directory none either. The first call opens the file: at step 0 (a fresh run) an existing
+        file is refused, after a restart the file of the continued run is appended to. Collective.
         """
         every = max(1, total_steps // 50)
         if self.step_index != 0 and (self.step_index % every == 0 or self.step_index == total_steps):
@@ -189,7 +190,7 @@ class LatLonModel(CheckpointedModel):
         every = self.snapshot_every
         if every is None:
             every = self.snapshot_every = max(1, total_steps // 50)
-        if not every or (self.step_index % every and self.step_index != total_steps):
+        if not every:
             return
         from pathlib import Path
 
@@ -197,8 +198,10 @@ class LatLonModel(CheckpointedModel):
 
         with timers.phase("io"):
             if self.snapshots is None:
-                self.snapshots = Snapshots(self, Path(output) / SNAPSHOT_NAME)
-            self.snapshots.write(self)
+                # Step 0: a fresh run (an existing file is refused); later: the first step after a restart.
+                self.snapshots = Snapshots(self, Path(output) / SNAPSHOT_NAME, restarted=self.step_index != 0)
+            if self.step_index % every == 0 or self.step_index == total_steps:
+                self.snapshots.write(self)
 
     def height_errors(self) -> dict:
         """Williamson l1, l2, linf of h against the initial h (the exact solution of case 2). Collective."""

@@ -1,7 +1,9 @@
 """Output of the model on the sphere: CF-1.8 netCDF snapshots and PNG maps of height and vorticity.
 
 Snapshots go to ``OUTPUT/latlon.nc`` (netCDF-4 through h5netcdf, i.e. HDF5 via h5py), written by rank
-0 from the gathered global fields, like the channel's :mod:`apps.stencil.swe.output`. Everything is
+0 from the gathered global fields, like the channel's :mod:`apps.stencil.swe.output`; a restarted run
+appends to the file of the run it continues and a fresh run never overwrites one
+(:mod:`apps.stencil.snapshots`). Everything is
 on the cell centres of the C-grid (:mod:`apps.stencil.sphere.parameters`), so xarray, ncview,
 Panoply and CDO see one regular latitude-longitude grid::
 
@@ -16,11 +18,11 @@ Panoply and CDO see one regular latitude-longitude grid::
     h_s(lat, lon)         m        bottom topography (static)
 
 Coordinates carry ``standard_name``, ``units``, ``axis`` and ``bounds`` (CF-1.8 section 4 and 7.1).
+The file passes the CF-1.8 checks of the IOOS compliance checker (``cchecker.py --test cf:1.8``).
 """
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -86,6 +88,12 @@ class Snapshots(SnapshotFile):
 
     centred_fields = staticmethod(centred_fields)
 
+    def configuration(self, model) -> dict:
+        p = model.parameters
+        return {"nx": p.nx, "ny": p.ny, "radius": p.radius, "omega": p.omega, "gravity": p.gravity, "alpha": p.alpha,
+                "filter_latitude_deg": math.degrees(p.filter_latitude), "dt": model.dt, "init": model.init_name,
+                "n_ranks": self.comm.size}
+
     def define(self, model) -> None:
         p = model.parameters
         coordinates = grid_coordinates(p)
@@ -96,10 +104,6 @@ class Snapshots(SnapshotFile):
             "institution": "hpcgpu",
             "history": "created by apps.stencil",
             "references": "Williamson et al. (1992), J. Comput. Phys. 102, 211-224",
-            "configuration": json.dumps({"nx": p.nx, "ny": p.ny, "radius": p.radius, "omega": p.omega,
-                                         "gravity": p.gravity, "alpha": p.alpha,
-                                         "filter_latitude_deg": math.degrees(p.filter_latitude), "dt": model.dt,
-                                         "init": model.init_name, "n_ranks": self.comm.size}),
         })  # fmt: skip
         self.file.dimensions = {"time": None, "lat": p.ny, "lon": p.nx, "bnds": 2}
         for name, axis, units, standard in (("lat", "Y", "degrees_north", "latitude"),

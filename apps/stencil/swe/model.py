@@ -158,18 +158,24 @@ class SweModel(CheckpointedModel):
         return result
 
     def after_step(self, timers, output, total_steps) -> None:
-        """Write a snapshot every ``snapshot_every`` steps (and the initial state first)."""
+        """Write a snapshot every ``snapshot_every`` steps (and the initial state first).
+
+        The first call opens ``OUTPUT/swe.nc`` (:class:`apps.stencil.snapshots.SnapshotFile`): at step
+        0 (a fresh run) an existing file is refused; later (the first step after a restart) the file of
+        the run this one continues is appended to. Collective.
+        """
         every = self.snapshot_every
         if every is None:
             every = self.snapshot_every = max(1, total_steps // 50)
-        if not every or (self.step_index % every and self.step_index != total_steps):
+        if not every:
             return
         from apps.stencil.swe.output import Snapshots
 
         with timers.phase("io"):
             if self.snapshots is None:
-                self.snapshots = Snapshots(self, output / "swe.nc")
-            self.snapshots.write(self)
+                self.snapshots = Snapshots(self, output / "swe.nc", restarted=self.step_index != 0)
+            if self.step_index % every == 0 or self.step_index == total_steps:
+                self.snapshots.write(self)
 
     def finish(self, output, summary, plot: bool = True) -> None:
         """Close the snapshot file and draw the final state (rank 0)."""

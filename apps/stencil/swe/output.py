@@ -1,17 +1,29 @@
 """Output of the shallow-water model: CF-1.8 netCDF snapshots and a PNG of the final state.
 
 Snapshots go to ``OUTPUT/swe.nc`` (netCDF-4 through h5netcdf, i.e. HDF5 via h5py), written by rank 0
-from the gathered global fields. Variables on cell centres (u and v are averaged from their faces,
-the relative vorticity from the four surrounding corners)::
+from the gathered global fields; a restarted run appends to the file of the run it continues and a
+fresh run never overwrites one (:mod:`apps.stencil.snapshots`). Variables on cell centres (u and v
+are averaged from their faces, the relative vorticity from the four surrounding corners)::
 
-    time(time)  seconds since the start      h(time, y, x)  m       fluid depth
-    y(y), x(x)  m, cell centres               u, v          m s-1   velocity
-                                              zeta          s-1     relative vorticity
+    time(time)  s since 2000-01-01 (model time)     h(time, y, x)  m       fluid depth
+    y(y), x(x)  m, cell centres (projection_y/x_     u, v          m s-1   velocity
+                coordinate of the grid mapping)      zeta          s-1     relative vorticity
+    beta_plane  grid mapping (no data)
+
+The channel is an idealised beta plane, not a region of the Earth. So that CF readers still get the
+relation between x/y and latitude/longitude that the CF standard names ask for, ``beta_plane``
+describes it as the plane tangent (orthographic projection) at the reference latitude of the
+idealised planet of :mod:`apps.stencil.swe.parameters` (radius 10 000 km; the latitude follows from
+``f0 = 2 Omega sin(lat0)`` and ``beta = 2 Omega cos(lat0) / a``), its centre at the middle of the
+channel. Far from the centre, and across the periodic x boundary, those latitudes and longitudes
+are nominal.
+
+The file passes the CF-1.8 checks of the IOOS compliance checker (``cchecker.py --test cf:1.8``).
 """
 
 from __future__ import annotations
 
-import json
+import math
 
 import numpy as np
 
@@ -39,12 +51,18 @@ def centred_fields(model):
 class Snapshots(SnapshotFile):
     """An appendable CF-1.8 netCDF file of the model state (rank 0 writes, every rank gathers)."""
 
-    UNITS = {"h": ("m", "sea_surface_height_above_sea_floor", "fluid depth"),
-             "u": ("m s-1", "eastward_sea_water_velocity", "velocity in x"),
-             "v": ("m s-1", "northward_sea_water_velocity", "velocity in y"),
-             "zeta": ("s-1", "ocean_relative_vorticity", "relative vorticity")}
+    VARIABLES = {"h": ("m", "sea_floor_depth_below_sea_surface", "fluid depth"),
+                 "u": ("m s-1", "eastward_sea_water_velocity", "velocity in x"),
+                 "v": ("m s-1", "northward_sea_water_velocity", "velocity in y"),
+                 "zeta": ("s-1", "ocean_relative_vorticity", "relative vorticity")}
 
     centred_fields = staticmethod(centred_fields)
+
+    def configuration(self, model) -> dict:
+        p = model.parameters
+        return {"nx": p.nx, "ny": p.ny, "dx": p.dx, "dy": p.dy, "gravity": p.gravity, "mean_depth": p.mean_depth,
+                "f0": p.coriolis_f0, "beta": p.beta, "viscosity": p.viscosity, "hyperviscosity": p.hyperviscosity,
+                "dt": model.dt, "init": model.init_name, "n_ranks": self.comm.size}
 
     def define(self, model) -> None:
         p = model.parameters
@@ -54,22 +72,42 @@ class Snapshots(SnapshotFile):
             "source": f"hpcgpu {hpcgpu.__version__} apps.stencil --model swe",
             "institution": "hpcgpu",
             "history": "created by apps.stencil",
-            "configuration": json.dumps({"nx": p.nx, "ny": p.ny, "dx": p.dx, "dy": p.dy, "gravity": p.gravity,
-                                         "mean_depth": p.mean_depth, "f0": p.coriolis_f0, "beta": p.beta,
-                                         "viscosity": p.viscosity, "hyperviscosity": p.hyperviscosity,
-                                         "dt": model.dt, "init": model.init_name, "n_ranks": self.comm.size}),
         })
         self.file.dimensions = {"time": None, "y": p.ny, "x": p.nx}
-        for name, n, step, long_name in (("x", p.nx, p.dx, "x coordinate of cell centres"),
-                                         ("y", p.ny, p.dy, "y coordinate of cell centres")):
+        for name, n, step, long_name in (("x", p.nx, p.dx, "x coordinate of cell centres (eastward)"),
+                                         ("y", p.ny, p.dy, "y coordinate of cell centres (northward)")):
             var = self.file.create_variable(name, (name,), "f8")
             var[:] = (np.arange(n) + 0.5) * step
-            var.attrs.update({"units": "m", "long_name": long_name, "axis": name.upper()})
+            var.attrs.update({"units": "m", "standard_name": f"projection_{name}_coordinate",
+                              "long_name": long_name, "axis": name.upper()})
+        mapping = self.file.create_variable("beta_plane", (), "i4")
+        mapping.attrs.update(beta_plane_mapping(p))
         time = self.file.create_variable("time", ("time",), "f8")
         time.attrs.update(TIME_ATTRIBUTES)
-        for name, (units, standard, long_name) in self.UNITS.items():
+        for name, (units, standard, long_name) in self.VARIABLES.items():
             var = self.file.create_variable(name, ("time", "y", "x"), "f4", chunks=(1, p.ny, p.nx))
-            var.attrs.update({"units": units, "standard_name": standard, "long_name": long_name})
+            var.attrs.update({"units": units, "standard_name": standard, "long_name": long_name,
+                              "grid_mapping": "beta_plane"})
+
+
+#: Radius of the idealised planet of the default beta plane (:mod:`apps.stencil.swe.parameters`), m.
+PLANET_RADIUS = 1.0e7
+
+
+def beta_plane_mapping(parameters) -> dict:
+    """CF grid-mapping attributes of the channel: the tangent plane at the beta plane's reference latitude.
+
+    ``tan(lat0) = f0 / (beta a)`` on a planet of radius ``a`` = :data:`PLANET_RADIUS` (45 degrees for
+    the defaults); the projection's origin is the channel centre ``(Lx/2, Ly/2)``.
+    """
+    p = parameters
+    latitude = math.degrees(math.atan2(p.coriolis_f0, p.beta * PLANET_RADIUS))
+    return {"grid_mapping_name": "orthographic", "latitude_of_projection_origin": latitude,
+            "longitude_of_projection_origin": 0.0, "false_easting": 0.5 * p.length_x,
+            "false_northing": 0.5 * p.length_y, "earth_radius": PLANET_RADIUS,
+            "comment": "idealised beta plane f = f0 + beta (y - Ly/2), periodic in x: the plane tangent at "
+                       "the reference latitude of a planet of this radius; latitudes and longitudes far "
+                       "from the channel centre are nominal"}
 
 
 def plot_state(model, path) -> None:
