@@ -132,7 +132,7 @@ def build_parser(rank: int = 0):
     output.add_argument("--thermo-every", type=non_negative_int, default=50, metavar="N",
                         help="print Step Temp E_pair TotEng Press every N steps (0: first and last only) [50]")
     output.add_argument("--dump-every", type=non_negative_int, default=0, metavar="N",
-                        help="write an H5MD frame (OUTPUT/trajectory.h5) every N steps (0: none) [0]")
+                        help="write an H5MD frame (OUTPUT/trajectory.h5md) every N steps (0: none) [0]")
     output.add_argument("--no-plot", action="store_true", help="do not write OUTPUT/thermo.png")
     add_monitor_arguments(parser)  # --monitor, --monitor-interval, --profile
     return parser
@@ -325,23 +325,17 @@ def _restore(comm, fresh, restored, config, options, arch):
 
 
 def _open_trajectory(comm, state, output, options, config):
-    """Rank 0's H5MD writer when --dump-every is set (the atom order is fixed: sorted ids)."""
+    """The H5MD trajectory when --dump-every is set (collective: :class:`apps.md.h5md.Trajectory`)."""
     if not options.dump_every:
         return None
-    ids_and_types = distributed.gather_by_id(state)
-    if comm.rank != 0:
-        return object()   # a placeholder: other ranks only take part in the gathers
-    from .h5md import H5MDWriter
+    from .h5md import TRAJECTORY_NAME, Trajectory
 
-    return H5MDWriter(output / "trajectory.h5", state.box, ids_and_types["atom_ids"], ids_and_types["types"],
-                      config.dt)
+    return Trajectory(comm, output / TRAJECTORY_NAME, state, config, options.dump_every)
 
 
 def _dump(comm, state, writer, sample, timers) -> None:
     with timers.phase("io"):
-        gathered = distributed.gather_by_id(state)
-        if comm.rank == 0:
-            writer.append(state.step, gathered, sample)
+        writer.dump(state, sample)
 
 
 def _diagnostics(comm, state, config, history, conserved) -> dict:
