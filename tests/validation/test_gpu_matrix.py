@@ -121,8 +121,8 @@ def jacobi(nx, ny, steps, *extra, backend="cupy"):
             "--nan-check-every", "0", *extra]
 
 
-def test_jacobi_16384_every_schedule_reproducible(run_dir):
-    runs = [run_app(run_dir, "stencil", jacobi(16384, 16384, 200, *extra))
+def test_jacobi_8192_every_schedule_reproducible(run_dir):
+    runs = [run_app(run_dir, "stencil", jacobi(8192, 8192, 200, *extra))
             for extra in ((), (), ("--graph",), ("--no-overlap",), ("--norm-every", "1"))]
     same_checksum(*runs)
 
@@ -174,10 +174,14 @@ def test_md_two_million_atoms_every_single_gpu_path(run_dir):
     for summary in resident + stepwise:
         counts = summary["diagnostics"]["atoms_per_rank"]
         assert counts["min"] == counts["max"] == 2_048_000
-        assert abs(summary["diagnostics"]["energy_drift"]["relative"]) < 1e-4
+        # in.lj leaves its lattice with TotEng falling 1.9e-3 (relative) over the first 100 steps at
+        # dt 0.005, on the CPU too (-1.94e-3 at 4,000 atoms): a bound, and equal on every path below.
+        assert abs(summary["diagnostics"]["energy_drift"]["relative"]) < 2.5e-3
     for key in ("temperature", "pair_energy", "total_energy", "pressure"):
         # Same physics, forces summed in another order: equal to rounding (docs/md.md).
         assert relative(_thermo(resident[0])[key], _thermo(stepwise[0])[key]) <= 1e-9, key
+    drifts = [s["diagnostics"]["energy_drift"]["relative"] for s in resident + stepwise]
+    assert max(drifts) - min(drifts) <= 1e-8
 
 
 def test_md_fp32_reproducible(run_dir):
@@ -233,8 +237,8 @@ def test_latlon_two_gpus_equal_one(run_dir):
 
 @pytest.mark.gpus(2)
 def test_jacobi_two_gpus_every_schedule_equal_one(run_dir):
-    one = run_app(run_dir, "stencil", jacobi(16384, 16384, 200))
-    runs = [run_app(run_dir, "stencil", jacobi(16384, 16384, 200, *extra), ranks=2)
+    one = run_app(run_dir, "stencil", jacobi(8192, 8192, 200))
+    runs = [run_app(run_dir, "stencil", jacobi(8192, 8192, 200, *extra), ranks=2)
             for extra in ((), ("--graph",), ("--no-overlap",), ("--peer-halo",), ("--peer-halo", "--graph"))]
     same_checksum(one, *runs)
 
