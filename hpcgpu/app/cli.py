@@ -10,6 +10,7 @@ Parsing happens on every rank with the same argv, so a bad flag raises the same
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -44,18 +45,79 @@ class AppArgumentParser(argparse.ArgumentParser):
         raise SystemExit(status)
 
 
+def _integer(text) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
 def positive_int(text: str) -> int:
-    value = int(text)
+    value = _integer(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
     return value
 
 
 def non_negative_int(text: str) -> int:
-    value = int(text)
+    value = _integer(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
     return value
+
+
+def _number(text) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    """A real number (NaN and infinities rejected)."""
+    return _number(text)
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    value = _number(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0."""
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+def float_in(low: float, high: float, low_open: bool = False, high_text: str | None = None):
+    """A type for a finite number in ``[low, high]`` (``(low, high]`` with ``low_open``).
+
+    ``high_text``: how messages write ``high`` (``"1/6"``).
+    """
+
+    def parse(text: str) -> float:
+        value = _number(text)
+        if (value <= low if low_open else value < low) or value > high:
+            interval = f"{'(' if low_open else '['}{low:g}, {high_text or format(high, 'g')}]"
+            raise argparse.ArgumentTypeError(f"expected a number in {interval}, got {text}")
+        return value
+
+    parse.__name__ = f"float_in_{low:g}_{high:g}"
+    _KIND[parse] = "number"
+    return parse
+
+
+#: What a TOML value must be for an option of this ``type=`` (other types take a string).
+_KIND = {int: "integer", positive_int: "integer", non_negative_int: "integer",
+         float: "number", finite_float: "number", positive_float: "number", non_negative_float: "number"}
 
 
 def common_parser(prog: str, description: str, rank: int = 0, default_steps: int | None = None) -> AppArgumentParser:
@@ -81,10 +143,13 @@ def common_parser(prog: str, description: str, rank: int = 0, default_steps: int
                       help="where checkpoints go [OUTPUT/checkpoints]")
     ckpt.add_argument("--restart", metavar="latest|PATH", default=None,
                       help="continue from the newest valid checkpoint (latest) or from PATH")
+    ckpt.add_argument("--share-checkpoint-dir", action="store_true",
+                      help="start a new run in a checkpoint directory that holds another run's checkpoints "
+                           "(left untouched; without it such a run refuses to start)")
     ckpt.add_argument("--keep", type=positive_int, default=3, metavar="K", help="keep the last K checkpoints [3]")
     ckpt.add_argument("--async-checkpoint", action="store_true",
                       help="write checkpoints on a background thread while stepping continues")
-    ckpt.add_argument("--wall-time-limit", metavar="SECONDS", type=float, default=None,
+    ckpt.add_argument("--wall-time-limit", metavar="SECONDS", type=positive_float, default=None,
                       help="checkpoint and stop cleanly before this many seconds have passed "
                            "(default: the Slurm job's limit when there is one)")
     return parser
@@ -102,6 +167,64 @@ def _toml_load(path: Path) -> dict:
         raise ConfigurationError(f"--config {path}: file not found; expected a TOML file with option = value lines") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigurationError(f"--config {path}: not valid TOML ({exc})") from None
+
+
+def _toml_type_name(value) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+             dict: "a table"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _toml_value(config: str, key: str, value, action: argparse.Action):
+    """``value`` of TOML ``key`` checked against ``action`` and converted like the flag's argument.
+
+    A flag without argument (``store_true``) needs a TOML boolean; an integer option an integer (a
+    float only without fractional part, never a boolean); a number option an integer or float; a
+    string option a string; then ``type=`` and ``choices`` apply as on the command line.
+    """
+    def wrong(expected: str):
+        return ConfigurationError(f"--config {config}: {key} = {_toml_repr(value)}: expected {expected}, "
+                                  f"found {_toml_type_name(value)}; fix the value in {config}")
+
+    if action.nargs == 0:   # store_true / store_false / store_const
+        if not isinstance(value, bool):
+            raise wrong("a TOML boolean (true or false)")
+        if isinstance(action.const, bool) and action.const is False:
+            return value   # a store_false flag (--no-plot style) keeps the TOML value of its destination
+        return action.const if value else action.default
+    kind = _KIND.get(action.type, "string" if action.type is None else "any")
+    if isinstance(value, bool) or isinstance(value, (list, dict)):
+        raise wrong({"integer": "an integer", "number": "a number"}.get(kind, "a string"))
+    if kind == "integer":
+        if isinstance(value, float) and not value.is_integer():
+            raise wrong("an integer (no fractional part)")
+        if isinstance(value, str):
+            raise wrong("an integer (without quotes)")
+        value = int(value)
+    elif kind == "number":
+        if isinstance(value, str):
+            raise wrong("a number (without quotes)")
+    elif kind == "string" and not isinstance(value, str):
+        raise wrong("a string (in quotes)")
+    if action.type is not None:
+        try:
+            value = action.type(str(value))
+        except (ValueError, TypeError, argparse.ArgumentTypeError, ConfigurationError) as exc:
+            raise ConfigurationError(f"--config {config}: {key} = {_toml_repr(value)}: {exc}") from None
+    if action.choices is not None and value not in action.choices:
+        raise ConfigurationError(
+            f"--config {config}: {key} = {_toml_repr(value)}; expected one of {', '.join(map(str, action.choices))}"
+        )
+    return value
+
+
+def _toml_repr(value) -> str:
+    """``value`` as written in TOML (``true``, ``"text"``, ``1.5``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
 
 
 def parse_args(parser: AppArgumentParser, argv=None) -> argparse.Namespace:
@@ -125,16 +248,6 @@ def parse_args(parser: AppArgumentParser, argv=None) -> argparse.Namespace:
             if dest not in destinations or dest == "config":
                 valid = ", ".join(sorted(d for d in destinations if d != "config"))
                 raise ConfigurationError(f"--config {known.config}: unknown option {key!r}; valid options are: {valid}")
-            action = destinations[dest]
-            if action.type is not None and not isinstance(value, bool):
-                try:
-                    value = action.type(str(value))
-                except (ValueError, argparse.ArgumentTypeError) as exc:
-                    raise ConfigurationError(f"--config {known.config}: {key} = {value!r}: {exc}") from None
-            if action.choices is not None and value not in action.choices:
-                raise ConfigurationError(
-                    f"--config {known.config}: {key} = {value!r}; expected one of {', '.join(map(str, action.choices))}"
-                )
-            defaults[dest] = value
+            defaults[dest] = _toml_value(known.config, key, value, destinations[dest])
         parser.set_defaults(**defaults)
     return parser.parse_args(argv)
