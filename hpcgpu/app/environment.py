@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import subprocess
+import tempfile
 from pathlib import Path
 
 
@@ -72,14 +74,93 @@ def environment(comm, arch) -> dict:
     return facts
 
 
-def prepare_output(comm, arch, options) -> Path:
-    """Collective: create ``options.output`` (rank 0) and record the run's environment and options there.
+def _probe_directory(directory: Path, is_target: bool = True) -> str | None:
+    """What is wrong with writing files into ``directory`` (created later if missing), or None.
 
-    Writes ``OUTPUT/environment.json`` = ``{"environment": environment(comm, arch), "options": vars(options)}``,
-    so that any result in the directory can be reproduced. Returns the output directory.
+    Walks up to the nearest existing ancestor: it must be a directory in which a probe file can be
+    created and removed (the only reliable test: permissions, read-only mounts, quotas, ACLs).
+    ``is_target``: ``directory`` is the path the user named (else the directory of a named file).
+    """
+    existing = directory
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        return (f"{existing} is a {'regular file' if existing.is_file() else 'non-directory'}, not a directory"
+                if existing != directory or not is_target else "exists and is a regular file, not a directory")
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".hpcgpu-write-probe-", dir=existing)
+        os.close(handle)
+        os.remove(probe)
+    except OSError as exc:
+        where = ("it" if is_target else f"{existing}") if existing == directory else \
+            f"{existing} (the nearest existing parent)"
+        return f"cannot create files in {where} ({exc.strerror or exc})"
+    return None
+
+
+def output_path_problems(paths: dict) -> list[str]:
+    """Rank 0's check of the run's output paths; one message per unusable path (empty: all writable).
+
+    ``paths`` maps a flag to ``(path, kind)`` with kind ``"dir"`` (created if missing) or ``"file"``
+    (its directory is created if missing). Paths set to None are skipped.
+    """
+    problems = []
+    for flag, (path, kind) in paths.items():
+        if path is None:
+            continue
+        path = Path(path)
+        if kind == "dir":
+            problem = _probe_directory(path)
+            fix = f"pass a writable directory as {flag}"
+        else:
+            if path.is_dir():
+                problem, fix = "is a directory", f"pass a file name as {flag}, e.g. {path / 'summary.json'}"
+            elif path.exists() and not os.access(path, os.W_OK):
+                problem, fix = "exists and is not writable", f"make it writable or pass another {flag} FILE"
+            else:
+                problem = _probe_directory(path.parent, is_target=False)
+                fix = f"pass a {flag} FILE in a writable directory"
+        if problem is not None:
+            problems.append(f"{flag} {path}: {problem}; {fix}")
+    return problems
+
+
+def check_output_paths(comm, options, files: dict | None = None) -> None:
+    """Collective: raise the same ConfigurationError on every rank if an output path is unusable.
+
+    Checked before step 1, so a run never fails (or loses its summary) at the end: ``--output``,
+    ``--checkpoint-dir`` (default ``OUTPUT/checkpoints``), ``--summary`` and the app's own output
+    files in ``files`` (``{"--write-data": path}``). Rank 0 probes the file system (one node decides:
+    outputs are written by rank 0, and the parallel file system is shared) and broadcasts the result.
+    """
+    from hpcgpu.errors import ConfigurationError
+
+    output = Path(options.output)
+    checkpoints = getattr(options, "checkpoint_dir", None) or output / "checkpoints"
+    paths = {"--output": (output, "dir"), "--checkpoint-dir": (checkpoints, "dir"),
+             "--summary": (getattr(options, "summary", None), "file")}
+    paths.update({flag: (path, "file") for flag, path in (files or {}).items()})
+    problems = output_path_problems(paths) if comm.rank == 0 else None
+    problems = comm.broadcast(problems)
+    if problems:
+        # Only the first, so the message stays one line; the others are usually the same cause.
+        raise ConfigurationError(problems[0])
+
+
+def prepare_output(comm, arch, options, files: dict | None = None) -> Path:
+    """Collective: check the output paths, create ``options.output`` (rank 0) and record the run there.
+
+    Raises :class:`~hpcgpu.errors.ConfigurationError` on every rank when ``--output``, the checkpoint
+    directory, ``--summary`` or one of ``files`` (``{"--write-data": path}``) cannot be written (see
+    :func:`check_output_paths`). Writes ``OUTPUT/environment.json`` =
+    ``{"environment": environment(comm, arch), "options": vars(options)}``, so that any result in the
+    directory can be reproduced. Returns the output directory.
     """
     from hpcgpu.app.summary import write_json
 
+    check_output_paths(comm, options, files)
     output = Path(options.output)
     if comm.rank == 0:
         output.mkdir(parents=True, exist_ok=True)
@@ -87,3 +168,20 @@ def prepare_output(comm, arch, options) -> Path:
     if comm.rank == 0:
         write_json(output / "environment.json", {"environment": facts, "options": vars(options)})
     return output
+
+
+def files_written(output, summary=None, checkpoint_dir=None, checkpoints_written: bool = False) -> list[str]:
+    """Lines for the end of a run saying where its files went (rank 0, after they were written).
+
+    Lists the output directory with its files (snapshots, plots, ``environment.json``), the summary
+    file and the checkpoint directory when checkpoints were written there.
+    """
+    output = Path(output)
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in output.iterdir()) if output.is_dir() else []
+    shown = ", ".join(names[:12]) + (f", ... ({len(names)} entries)" if len(names) > 12 else "")
+    lines = [f"output: {output}/ ({shown})" if names else f"output: {output}/"]
+    if summary:
+        lines.append(f"summary: {summary}")
+    if checkpoint_dir is not None and checkpoints_written:
+        lines.append(f"checkpoints: {checkpoint_dir}")
+    return lines
