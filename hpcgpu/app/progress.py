@@ -2,12 +2,22 @@
 
 On a terminal the line is redrawn in place (at most ~4 times a second); in a log file (Slurm output)
 a new line is printed about every 10% or every 30 s, whichever comes first.
+
+The rate and the time left are measured from the end of the first reported step on: the first step
+pays for kernel compilation, NCCL set-up and caches, and an estimate from it alone would promise hours
+for a run of seconds. Until :data:`MIN_TIMED_STEPS` steps or :data:`MIN_TIMED_SECONDS` seconds have
+been timed after it, the line says ``left ?`` (warming up).
 """
 
 from __future__ import annotations
 
 import sys
 import time
+
+#: Steps timed after the first one before a rate and time left are shown ...
+MIN_TIMED_STEPS = 3
+#: ... or seconds timed after the first step (with at least one step), for slow steps.
+MIN_TIMED_SECONDS = 2.0
 
 
 class Progress:
@@ -32,12 +42,26 @@ class Progress:
         self.interactive = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.started = time.perf_counter()
         self._last_print, self._last_fraction = 0.0, -1.0
+        self._mark = None   # (time, done) at the end of the first reported step: the warm-up
+
+    def rate(self, done: int, now: float) -> float | None:
+        """Units per second since the warm-up step, or None while too little has been timed."""
+        if self._mark is None:
+            return None
+        timed_steps, timed_seconds = done - self._mark[1], now - self._mark[0]
+        if timed_seconds <= 0 or timed_steps < 1:
+            return None
+        if timed_steps < MIN_TIMED_STEPS and timed_seconds < MIN_TIMED_SECONDS:
+            return None
+        return timed_steps / timed_seconds
 
     def update(self, done: int, extra: str = "") -> None:
         """Report that ``done`` units are complete (absolute count)."""
         if not self.enabled:
             return
         now = time.perf_counter()
+        if self._mark is None:
+            self._mark = (now, done)
         fraction = done / self.total
         if self.interactive:
             if now - self._last_print < 0.25 and done < self.total:
@@ -45,12 +69,15 @@ class Progress:
         elif not (done >= self.total or fraction - self._last_fraction >= 0.1 or now - self._last_print >= 30):
             return
         self._last_print, self._last_fraction = now, fraction
-        elapsed = now - self.started
-        rate = (done - self.first) / elapsed if elapsed > 0 else 0.0
-        left = (self.total - done) / rate if rate > 0 else float("nan")
+        rate = self.rate(done, now)
+        if rate is None and done >= self.total:
+            elapsed = now - self.started   # a run too short to time: the average over all of it
+            rate = (done - self.first) / elapsed if elapsed > 0 and done > self.first else None
+        left = 0.0 if done >= self.total else ((self.total - done) / rate if rate else float("nan"))
         width = 24
         bar = "#" * int(width * fraction) + "." * (width - int(width * fraction))
-        text = f"[{bar}] {done}/{self.total} {self.unit} {100 * fraction:5.1f}%  {rate:,.1f} {self.unit}/s  left {_duration(left)}"
+        rate_text = f"{rate:,.1f} {self.unit}/s" if rate else f"- {self.unit}/s (warming up)"
+        text = f"[{bar}] {done}/{self.total} {self.unit} {100 * fraction:5.1f}%  {rate_text}  left {_duration(left)}"
         if extra:
             text += f"  {extra}"
         if self.interactive:
@@ -58,6 +85,13 @@ class Progress:
         else:
             self.stream.write(text + "\n")
         self.stream.flush()
+
+
+def steps_text(first_step: int, final_step: int) -> str:
+    """A header's step count: the steps this job will run, and their absolute range after a restart."""
+    if first_step == 0:
+        return f"{final_step}"
+    return f"{max(0, final_step - first_step)} (continuing from step {first_step} to step {final_step})"
 
 
 def _duration(seconds: float) -> str:

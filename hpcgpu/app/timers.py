@@ -91,6 +91,17 @@ class PhaseTimers:
         # Creating a CUDA event costs microseconds; resolved events are reused.
         return self._free_events.pop() if self._free_events else cupy.cuda.Event()
 
+    def reset(self) -> None:
+        """Forget everything timed so far (work before the timed loop: set-up, initial output).
+
+        Call it where the run's wall clock starts, so that the phases and the wall time cover the same
+        interval and the shares of wall time add up to 100%.
+        """
+        self.resolve()
+        self.totals.clear()
+        self.counts.clear()
+        self.wall_started = time.perf_counter()
+
     def add(self, name: str, seconds: float) -> None:
         """Add host-measured seconds to a phase (for work timed elsewhere)."""
         self.totals[name] = self.totals.get(name, 0.0) + seconds
@@ -135,7 +146,11 @@ class PhaseTimers:
 
 
 def format_timers(summary: dict[str, dict[str, float]], wall_seconds: float) -> str:
-    """A small table: phase, min/mean/max seconds, share of wall time, imbalance."""
+    """A small table: phase, min/mean/max seconds, share of wall time, imbalance.
+
+    The phases must not overlap and must be timed inside the ``wall_seconds`` interval (see
+    :meth:`PhaseTimers.reset`); then the shares (``host overhead`` included) add up to 100%.
+    """
     lines = [f"{'phase':<16} {'min s':>9} {'mean s':>9} {'max s':>9} {'% wall':>7} {'imbal.':>7}"]
     for name, row in summary.items():
         share = 100 * row["mean"] / wall_seconds if wall_seconds > 0 else 0.0
