@@ -19,10 +19,11 @@ import time
 import hpcgpu
 from hpcgpu.app.checkpointing import RunControl
 from hpcgpu.app.checksum import fields_checksum
-from hpcgpu.app.cli import common_parser, non_negative_int, positive_int
-from hpcgpu.app.environment import prepare_output
+from hpcgpu.app.cli import (common_parser, finite_float, float_in, non_negative_float, non_negative_int,
+                            positive_float, positive_int)
+from hpcgpu.app.environment import files_written, prepare_output
 from hpcgpu.app.main import run_app
-from hpcgpu.app.progress import Progress
+from hpcgpu.app.progress import Progress, steps_text
 from hpcgpu.app.summary import make_summary, write_json
 from hpcgpu.app.timers import PhaseTimers, format_timers
 from hpcgpu.errors import ConfigurationError, NumericalError
@@ -56,8 +57,8 @@ def build_parser(rank: int = 0):
     model.add_argument("--precision", choices=("fp32", "fp64"), default=None, help="[jacobi fp32, others fp64]")
     model.add_argument("--norm-every", type=non_negative_int, default=100, metavar="N",
                        help="jacobi: compute the residual norm every N iterations (0: never) [100]")
-    model.add_argument("--diffusion-number", type=float, default=0.1, metavar="R",
-                       help="heat3d: kappa dt / dx^2, at most 1/6 [0.1]")
+    model.add_argument("--diffusion-number", type=float_in(0.0, 1 / 6, low_open=True, high_text="1/6"), default=0.1,
+                       metavar="R", help="heat3d: kappa dt / dx^2, in (0, 1/6] [0.1]")
     model.add_argument("--modes", type=lambda s: tuple(int(v) for v in s.split(",")), default=(1, 2, 3),
                        help="heat3d: wavenumbers kz,ky,kx of the initial mode [1,2,3]")
     swe = parser.add_argument_group("shallow water (--model swe)")
@@ -65,16 +66,19 @@ def build_parser(rank: int = 0):
                      help="channel: beta-plane channel; latlon: the sphere (Williamson test cases) [channel]")
     swe.add_argument("--init", choices=("jet", "geostrophic", "gaussian", "williamson2", "williamson5", "williamson6"),
                      default=None, help="initial condition [channel: jet; latlon: williamson2]")
-    swe.add_argument("--alpha", type=float, default=0.0,
+    swe.add_argument("--alpha", type=finite_float, default=0.0,
                      help="latlon williamson2: angle of the flow to the equator in radians [0]")
-    swe.add_argument("--filter-latitude", type=float, default=60.0, metavar="DEGREES",
-                     help="latlon: polar Fourier filter poleward of this latitude; sets the time step [60]")
-    swe.add_argument("--days", type=float, default=None, help="simulated days (sets --steps from the time step) [6]")
-    swe.add_argument("--dt", type=float, default=None, help="time step in seconds [from the CFL condition]")
-    swe.add_argument("--cfl", type=float, default=0.7, help="fraction of the stability limit used as time step [0.7]")
-    swe.add_argument("--dx", type=float, default=5000.0, help="grid spacing in metres (dx = dy) [5000]")
-    swe.add_argument("--viscosity", type=float, default=None, help="Laplacian viscosity in m^2/s [0]")
-    swe.add_argument("--hyperviscosity", type=float, default=None,
+    swe.add_argument("--filter-latitude", type=float_in(0.0, 90.0, low_open=True), default=60.0, metavar="DEGREES",
+                     help="latlon: polar Fourier filter poleward of this latitude, in (0, 90] (90: no filter); "
+                          "sets the time step [60]")
+    swe.add_argument("--days", type=positive_float, default=None,
+                     help="simulated days, > 0 (sets --steps from the time step) [6]")
+    swe.add_argument("--dt", type=positive_float, default=None, help="time step in seconds [from the CFL condition]")
+    swe.add_argument("--cfl", type=float_in(0.0, 1.0, low_open=True), default=0.7,
+                     help="fraction of the stability limit used as time step, in (0, 1] [0.7]")
+    swe.add_argument("--dx", type=positive_float, default=5000.0, help="grid spacing in metres (dx = dy) [5000]")
+    swe.add_argument("--viscosity", type=non_negative_float, default=None, help="Laplacian viscosity in m^2/s [0]")
+    swe.add_argument("--hyperviscosity", type=non_negative_float, default=None,
                      help="biharmonic viscosity in m^4/s; 0 switches it off (the geostrophic convergence test "
                           "does) [1e9: damps the 2 dx noise of the eddies within hours, leaves the jet alone]")
     swe.add_argument("--snapshot-every", type=non_negative_int, default=None, metavar="N",
@@ -156,7 +160,9 @@ def run(options, comm) -> dict:
     monitor = GpuMonitor.from_options(comm, arch, options)  # --monitor: NVML sampling thread, else a no-op
     model = make_model(comm, arch, options)
     steps = options.steps if options.steps is not None else getattr(model, "steps", None) or model.default_steps
-    output = prepare_output(comm, arch, options)   # OUTPUT/environment.json
+    if hasattr(model, "steps"):
+        model.steps = steps   # --steps wins over --days: the header describes the steps that will run
+    output = prepare_output(comm, arch, options)   # checks every output path; OUTPUT/environment.json
     loud = comm.rank == 0 and not options.quiet
     if loud:
         print(f"apps.stencil {hpcgpu.__version__}: {model.describe()}")
@@ -164,11 +170,13 @@ def run(options, comm) -> dict:
         print(f"ranks: {comm.size} on {comm.n_nodes} node(s); {model.grid}")
         if options.graph and not arch.is_gpu:
             print("note: --graph has no effect on the CPU")
-        print(f"steps: {steps}", flush=True)
     control = RunControl(comm, options, app="apps.stencil", output=output, quiet=options.quiet)
     restored = control.restore(fields={f.name: f for f in model.fields})
     if restored is not None:
         model.restore(restored.replicated, restored.step, vars(options))
+    first_step = model.step_index   # absolute step this job starts from (0, or the checkpoint's)
+    if loud:
+        print(f"steps: {steps_text(first_step, steps)}", flush=True)
     timers = PhaseTimers(arch)
     progress = Progress(comm, steps, enabled=not options.quiet, first=model.step_index)
     graph = None
@@ -204,7 +212,7 @@ def run(options, comm) -> dict:
     diagnostics = model.diagnostics()
     checksum = fields_checksum(comm, model.fields)
     timer_summary = timers.summary(comm, wall)
-    done = model.step_index
+    done = model.step_index - first_step   # the steps this job ran (a restart starts at first_step)
     throughput = model.updates_per_step * done / wall if wall > 0 else 0.0
     summary = make_summary(
         app="apps.stencil", backend=arch.name, comm=comm,
@@ -212,7 +220,8 @@ def run(options, comm) -> dict:
                        "periodic": list(model.grid.periodic)},
         steps=done, wall_seconds=wall, throughput=throughput, unit=model.unit, timers=timer_summary,
         diagnostics=diagnostics, checksum=checksum,
-        extra={"model": model.name, "precision": model.dtype, "updates_per_step": model.updates_per_step,
+        extra={"first_step": first_step, "final_step": model.step_index,
+               "model": model.name, "precision": model.dtype, "updates_per_step": model.updates_per_step,
                "graph": bool(graph), "transport": auto_transport_name(arch), **monitor_extra},
     )
     if hasattr(model, "finish"):
@@ -228,6 +237,10 @@ def run(options, comm) -> dict:
         print(f"checksum {checksum}")
     if comm.rank == 0 and options.summary:
         write_json(options.summary, summary)
+    if loud:
+        for line in files_written(output, options.summary, control.manager.directory,
+                                  control.last_saved_step is not None and control.last_saved_step > first_step):
+            print(line)
     return summary
 
 
