@@ -14,6 +14,11 @@ process (:func:`open_peer_pointer`); they are never closed. ``cudaIpcGetMemHandl
 a new, unique handle for memory that was freed and allocated again, so a cached mapping is
 never mistaken for a newer allocation at the same address.
 
+Every GPU of the node must be reachable from every rank. Per-task GPU binding that the node
+enforces (Slurm ``--gpus-per-task=1 --gpu-bind=per_task:1`` on a site whose cgroups constrain
+devices, or a container per rank) hides the neighbours' GPUs, and opening their handles fails:
+:func:`open_peer_pointer` then raises :class:`PeerAccessError`, saying why and what to do.
+
 CuPy is imported inside the functions: importing this module needs no GPU.
 """
 
@@ -22,10 +27,30 @@ from __future__ import annotations
 import ctypes
 import functools
 
+import os
+
 import numpy as np
+
+from hpcgpu.errors import BackendError
 
 # (device id, handle bytes) -> base address of the mapped allocation in this process
 _opened: dict[tuple[int, bytes], int] = {}
+
+
+class PeerAccessError(BackendError, RuntimeError):
+    """A neighbour's GPU memory cannot be mapped into this process (CUDA IPC); a RuntimeError too, so
+    callers that fall back to NCCL on a failed mapping keep doing so."""
+
+
+def _peer_access_help(error) -> str:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return (f"cannot map a neighbour's GPU memory with CUDA IPC (cudaIpcOpenMemHandle: {error}); this rank sees "
+            f"CUDA_VISIBLE_DEVICES={visible if visible is not None else '(unset)'}. The peer paths (--peer-halo, "
+            "the MD peer exchange, --allreduce peer) need every GPU of the node reachable from every rank: per-task "
+            "GPU binding that the node enforces (Slurm --gpus-per-task=1 / --gpu-bind=per_task:1 with cgroup "
+            "ConstrainDevices) hides them. Ask Slurm for --gpus-per-node=G without --gpu-bind (hpcgpu picks GPU "
+            "local_rank % G; the jobscripts do so), or use the NCCL path: drop --peer-halo, --allreduce nccl, "
+            "MD exchange nccl")
 
 
 @functools.cache
@@ -52,13 +77,22 @@ def export_pointer(pointer: int) -> tuple[bytes, int]:
 
 
 def open_peer_pointer(handle_and_offset: tuple[bytes, int]) -> int:
-    """This process's address of a peer's exported pointer; the handle is opened once per device."""
+    """This process's address of a peer's exported pointer; the handle is opened once per device.
+
+    Raises
+    ------
+    PeerAccessError
+        When the handle cannot be opened (the peer's GPU is not reachable from this process).
+    """
     import cupy
 
     handle, offset = handle_and_offset
     key = (cupy.cuda.runtime.getDevice(), bytes(handle))
     if key not in _opened:
-        _opened[key] = int(cupy.cuda.runtime.ipcOpenMemHandle(bytes(handle)))
+        try:
+            _opened[key] = int(cupy.cuda.runtime.ipcOpenMemHandle(bytes(handle)))
+        except cupy.cuda.runtime.CUDARuntimeError as error:
+            raise PeerAccessError(_peer_access_help(error)) from error
     return _opened[key] + int(offset)
 
 

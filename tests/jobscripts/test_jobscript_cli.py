@@ -267,3 +267,28 @@ def test_installed_wheel_writes_and_runs_scripts_without_a_checkout(tmp_path):
     log = workdir / f"stencil-{job_id}.log"
     assert submitted.returncode == 0, f"{submitted.stderr}\n{log.read_text() if log.exists() else 'no log'}"
     assert json.loads((workdir / "runs" / f"stencil-{job_id}" / "summary.json").read_text())["n_ranks"] == 1
+
+
+def test_an_unreachable_peer_gpu_gets_a_message_naming_the_binding(monkeypatch):
+    """Per-task GPU binding enforced by the node makes cudaIpcOpenMemHandle fail: the error says why and
+    what to do, and stays a RuntimeError (the MD exchange's automatic NCCL fallback catches those)."""
+    import types
+
+    from hpcgpu.errors import BackendError
+    from hpcgpu.transport import cuda_ipc
+
+    class CUDARuntimeError(RuntimeError):
+        pass
+
+    def refuse(handle):
+        raise CUDARuntimeError("cudaErrorInvalidDevice: invalid device ordinal")
+
+    runtime = types.SimpleNamespace(CUDARuntimeError=CUDARuntimeError, getDevice=lambda: 0,
+                                    ipcOpenMemHandle=refuse)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime)))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with pytest.raises(cuda_ipc.PeerAccessError) as error:
+        cuda_ipc.open_peer_pointer((b"\x01" * 64, 0))
+    assert isinstance(error.value, RuntimeError) and isinstance(error.value, BackendError)
+    message = str(error.value)
+    assert "CUDA_VISIBLE_DEVICES=3" in message and "--gpus-per-node=G" in message and "--gpu-bind" in message
