@@ -25,9 +25,9 @@ import hpcgpu
 from hpcgpu.app.checkpointing import RunControl
 from hpcgpu.app.checksum import hash_arrays
 from hpcgpu.app.cli import common_parser, non_negative_int, positive_int
-from hpcgpu.app.environment import prepare_output
+from hpcgpu.app.environment import files_written, prepare_output
 from hpcgpu.app.main import run_app
-from hpcgpu.app.progress import Progress
+from hpcgpu.app.progress import Progress, steps_text
 from hpcgpu.app.summary import make_summary, write_json
 from hpcgpu.app.timers import PhaseTimers, format_timers
 from hpcgpu.errors import ConfigurationError, NumericalError
@@ -188,7 +188,8 @@ def run(options, comm) -> dict:
     config = make_config(options)
     arch = hpcgpu.arch.auto(comm, backend=options.backend, bind_cpus=options.bind_cpus)
     monitor = GpuMonitor.from_options(comm, arch, options)  # --monitor: NVML sampling thread, else a no-op
-    output = prepare_output(comm, arch, options)   # OUTPUT/environment.json
+    # Checks every output path (--write-data too) before the run, so its results are never lost at the end.
+    output = prepare_output(comm, arch, options, files={"--write-data": options.write_data})
     loud = comm.rank == 0 and not options.quiet
     setup_started = time.perf_counter()
     state, atoms, config = build_state(comm, arch, options, config)
@@ -209,7 +210,7 @@ def run(options, comm) -> dict:
               f"{' (fp32 pair forces, fp64 accumulation)' if options.precision == 'fp32' else ''}")
         print(f"backend: {arch.name} ({arch.reason})")
         print(f"ranks: {comm.size} on {comm.n_nodes} node(s); {domain.describe()}")
-        print(f"steps: {steps}", flush=True)
+        print(f"steps: {steps_text(state.step, steps)}", flush=True)
         print(thermo_header())
     writer = _open_trajectory(comm, state, output, options, config)
     history, conserved = [], []
@@ -241,6 +242,7 @@ def run(options, comm) -> dict:
     distributed.warm_up(state)   # NCCL peer connections are made here, not in the first timed step
     comm.barrier()
     arch.synchronize()
+    timers.reset()   # the initial thermo and frame above are set-up: phases cover the timed loop only
     started = time.perf_counter()
     while state.step < steps:
         next_step = state.step + 1
@@ -258,8 +260,7 @@ def run(options, comm) -> dict:
     wall = time.perf_counter() - started
     steps_done = state.step - first_step
     monitor_extra = monitor.finish(comm)  # collective; {} without --monitor
-    with timers.phase("io"):
-        gathered = distributed.gather_by_id(state)
+    gathered = distributed.gather_by_id(state)   # after the timed loop: not a phase (it is not in wall)
     checksum = hash_arrays([(name, gathered[name]) for name in ("atom_ids", "types", "positions", "images",
                                                                  "velocities")]) if comm.rank == 0 else None
     checksum = comm.broadcast(checksum)
@@ -272,7 +273,8 @@ def run(options, comm) -> dict:
         decomposition={"dims": list(domain.dims), "axes": "x,y,z", "box": domain.box.tolist(), "periodic": [True] * 3},
         steps=steps_done, wall_seconds=wall, throughput=throughput, unit="atom-steps/s", timers=timer_summary,
         diagnostics=diagnostics, checksum=checksum,
-        extra={"n_atoms": state.n_atoms, "precision": options.precision, "thermostat": options.thermostat,
+        extra={"first_step": first_step, "final_step": state.step,
+               "n_atoms": state.n_atoms, "precision": options.precision, "thermostat": options.thermostat,
                "potential": config.potential.variant,
                "thermo": [dict(zip(("step", "temp", "e_pair", "toteng", "press"), s)) for s in history],
                **monitor_extra},
@@ -300,6 +302,12 @@ def run(options, comm) -> dict:
         print(f"checksum {checksum}")
     if comm.rank == 0 and options.summary:
         write_json(options.summary, summary)
+    if loud:
+        if options.write_data:
+            print(f"data file: {options.write_data}")
+        for line in files_written(output, options.summary, control.manager.directory,
+                                  control.last_saved_step is not None and control.last_saved_step > first_step):
+            print(line)
     return summary
 
 

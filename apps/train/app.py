@@ -14,21 +14,21 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from pathlib import Path
 
 import hpcgpu
 from hpcgpu.app.checksum import hash_arrays
 from hpcgpu.app.cli import common_parser, non_negative_int, positive_int
-from hpcgpu.app.environment import prepare_output
+from hpcgpu.app.environment import files_written, prepare_output
 from hpcgpu.app.main import run_app
-from hpcgpu.app.progress import Progress
+from hpcgpu.app.progress import Progress, steps_text
 from hpcgpu.app.summary import make_summary, write_json
 from hpcgpu.app.timers import PhaseTimers, format_timers
 from hpcgpu.errors import ConfigurationError, NumericalError
 
 from ._backend import to_numpy
+from .data import data_file_problem
 
 MODELS = ("mlp", "cnn", "large-mlp")
 
@@ -79,6 +79,10 @@ def build_parser(rank: int = 0):
                        help="linear warm-up steps [mlp/cnn 100, large-mlp 20]")
     optim.add_argument("--schedule", choices=("cosine", "constant"), default=None,
                        help="after warm-up: cosine decay to 0 over --steps, or constant [cosine]")
+    optim.add_argument("--reschedule", action="store_true",
+                       help="on --restart: re-plan the learning-rate schedule with this run's --steps/--lr/--warmup "
+                            "(default: continue the schedule the checkpoint's run planned; --steps past its cosine "
+                            "end is refused)")
     optim.add_argument("--clip-norm", type=float, default=None, help="clip the global gradient norm [off]")
     optim.add_argument("--accum-steps", type=positive_int, default=1, metavar="K",
                        help="gradient accumulation: K micro-steps per optimiser step, no communication "
@@ -151,9 +155,10 @@ def validate(options, comm):
             f"sample(s) on some rank, fewer than --accum-steps {options.accum_steps}; every micro-step "
             f"needs a sample: use --batch-size >= {comm.size * options.accum_steps} or fewer ranks")
     if options.data is not None:
-        comm.check(os.path.isfile(options.data),
-                   f"--data {options.data}: file not found; expected an HDF5 file with datasets x, y "
-                   "(optional x_test, y_test), or omit --data for MNIST-1D")
+        # Rank 0 looks at the file and every rank raises its answer: one message, not one per rank.
+        problem = comm.broadcast(data_file_problem(options.data) if comm.rank == 0 else None)
+        if problem is not None:
+            raise ConfigurationError(problem)
     if options.checkpoint_dir is None:
         options.checkpoint_dir = str(Path(options.output) / "checkpoints")
 
@@ -167,7 +172,7 @@ def load_data(options, comm):
         try:
             data = open_training_data(options.data)
         except (OSError, ValueError, ImportError) as exc:
-            problem = f"{exc}"
+            problem = _data_error(options.data, exc)
     problem = comm.broadcast(problem, root=0)
     if problem is not None:
         raise ConfigurationError(problem)   # every rank raises the same message
@@ -175,9 +180,19 @@ def load_data(options, comm):
         try:
             data = open_training_data(options.data)
         except (OSError, ValueError, ImportError) as exc:
-            problem = f"{exc}"
+            problem = _data_error(options.data, exc)
+    # Rank 0 could read it: a failure now is local to some rank (a file not visible on its node).
     comm.check(problem is None, problem or "")
     return data
+
+
+def _data_error(path, exc) -> str:
+    """The message of a failure to open ``--data``, naming the file (h5py's own messages do not)."""
+    text = f"{exc}"
+    if path is not None and str(path) not in text:
+        text = (f"--data {path}: {text}; expected an HDF5 file with datasets x, y (optional x_test, y_test), "
+                "or omit --data for MNIST-1D")
+    return text
 
 
 def build_model(options, sample_shape, n_classes):
@@ -239,6 +254,7 @@ def run(options, comm) -> dict:
     validate(options, comm)
     arch = hpcgpu.arch.auto(comm, backend=options.backend, bind_cpus=options.bind_cpus)
     check_allreduce(comm, options.allreduce, is_gpu=arch.is_gpu, zero_stage=options.zero)   # --backend auto
+    output = prepare_output(comm, arch, options)   # checks every output path first; OUTPUT/environment.json
     data = load_data(options, comm)
     if options.batch_size > data.source.n_samples:
         raise ConfigurationError(f"--batch-size {options.batch_size} exceeds the {data.source.n_samples} "
@@ -247,14 +263,15 @@ def run(options, comm) -> dict:
     trainer = Trainer(model, train_config(options))
     sync = make_sync(comm, arch, options.zero, options.bucket_mb, options.nccl_channels, options.allreduce)
     state = init_train_state(trainer, arch.xp, sync)
-    output = prepare_output(comm, arch, options)   # OUTPUT/environment.json
     loud = comm.rank == 0 and not options.quiet
     # Training steps are long: the ranks agree on stopping (signal, wall-time limit) after every step.
     control = RunControl(comm, options, app="apps.train", output=output, quiet=options.quiet, stop_check_every=1)
     history = {"step": [], "loss": [], "eval_step": [], "test_loss": [], "test_accuracy": []}
 
     def load(manager, which):
-        history.update(restore_training_checkpoint(manager, which, trainer, state, sync, options.model))
+        history.update(restore_training_checkpoint(manager, which, trainer, state, sync, options.model,
+                                                   steps=options.steps, reschedule=options.reschedule,
+                                                   note_fn=print if loud else None))
         return state.step
 
     def checkpoint_state():
@@ -330,6 +347,10 @@ def run(options, comm) -> dict:
         _print_table(done, wall, throughput, comm, timer_summary, diagnostics, checksum)
     if comm.rank == 0 and options.summary:
         write_json(options.summary, summary)
+    if loud:
+        for line in files_written(output, options.summary, control.manager.directory,
+                                  control.last_saved_step is not None and control.last_saved_step > first_step):
+            print(line)
     return summary
 
 
@@ -402,7 +423,7 @@ def _print_header(options, comm, arch, trainer, data, sync, threads_note, first_
         print(note)
     print(f"ranks: {comm.size} on {comm.n_nodes} node(s); data parallel: global batch {options.batch_size} = "
           f"{comm.size} x {share_text} (accumulation {options.accum_steps}); {sync_text}")
-    print(f"steps: {options.steps}" + (f" (continuing from step {first_step})" if first_step else ""), flush=True)
+    print(f"steps: {steps_text(first_step, options.steps)}", flush=True)
 
 
 def _print_table(done, wall, throughput, comm, timer_summary, diagnostics, checksum):

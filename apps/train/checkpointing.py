@@ -17,6 +17,10 @@ on every rank), stored under ``/replicated`` of the checkpoint's master file:
 ``history``         loss curve and evaluations so far (the restarted run's
                     summary and plot cover the whole run)
 ``model``           model name and parameter count (checked on restart)
+``schedule``        the learning-rate schedule planned by the first run (peak
+                    lr, warm-up, cosine end ``total_steps``, min lr): a restart
+                    continues it, whatever its ``--steps`` (see
+                    :func:`check_schedule`)
 ==================  ==========================================================
 
 The fp16 compute copy is not stored: it is the cast of the masters.
@@ -46,6 +50,7 @@ def training_checkpoint_payload(trainer, state, sync, history, model_name) -> di
                 "scheme": "dropout = hash(seed, step, sample); shuffle = permutation(seed, epoch)"},
         "history": {key: [float(v) for v in values] for key, values in history.items()},
         "model": {"name": model_name, "n_params": int(trainer.model.n_params)},
+        "schedule": trainer.schedule_plan(),
     }
     metadata = {"model": model_name, "precision": config.precision,
                 "global_batch_size": int(config.global_batch_size),
@@ -63,8 +68,60 @@ def save_training_checkpoint(manager, trainer, state, sync, history, model_name)
     return manager.save(state.step, replicated=payload["replicated"], metadata=payload["metadata"])
 
 
-def restore_training_checkpoint(manager, which, trainer, state, sync, model_name):
+def check_schedule(path, saved: dict, current: dict, steps: int, reschedule: bool) -> tuple[dict, str | None]:
+    """The schedule a restarted run uses, and a note for the user (or None).
+
+    The schedule belongs to the run that planned it: a cosine decay planned over ``total_steps``
+    continues to that end whatever ``--steps`` the restart has. A run asked to stop earlier follows the
+    original curve and stops; one asked to go past the end would train at the minimum rate, so it is
+    refused unless ``reschedule`` (``--reschedule``), which re-plans the schedule with this run's
+    options (the rate jumps at the restart). Changed ``--lr``/``--warmup``/``--schedule`` likewise need
+    ``--reschedule``.
+
+    Raises
+    ------
+    ConfigurationError
+        When the options change the schedule without ``reschedule``.
+    """
+    if reschedule:
+        note = None if saved == current else (f"--reschedule: the learning-rate schedule is re-planned "
+                                              f"({_plan_text(saved)} -> {_plan_text(current)})")
+        return current, note
+    changed = [key for key in ("lr", "warmup_steps", "min_lr") if saved[key] != current[key]]
+    if (saved["total_steps"] is None) != (current["total_steps"] is None):
+        changed.append("schedule")
+    if changed:
+        raise ConfigurationError(
+            f"{path}: this run changes the learning-rate schedule of the checkpoint ({_plan_text(saved)}; "
+            f"now {_plan_text(current)}); restart with the original --lr/--warmup/--schedule, or add "
+            "--reschedule to re-plan it from here")
+    end = saved["total_steps"]
+    if end is not None and steps > end:
+        raise ConfigurationError(
+            f"{path}: --steps {steps} goes past the end of the checkpoint's cosine schedule (step {end}, "
+            f"where the learning rate reaches its minimum {saved['min_lr']:g}); restart with --steps {end} to "
+            f"finish the planned run, or add --reschedule to re-plan the cosine decay to step {steps} "
+            "(the learning rate jumps up at the restart)")
+    note = None
+    if end is not None and steps < end:
+        note = (f"learning-rate schedule: the cosine decay planned to step {end} continues (this run stops at "
+                f"step {steps}; --reschedule re-plans it)")
+    return saved, note
+
+
+def _plan_text(plan: dict) -> str:
+    end = "constant" if plan["total_steps"] is None else f"cosine to step {plan['total_steps']}"
+    return f"lr {plan['lr']:g}, warm-up {plan['warmup_steps']} steps, {end}"
+
+
+def restore_training_checkpoint(manager, which, trainer, state, sync, model_name, steps=None, reschedule=False,
+                                note_fn=None):
     """Collective: load checkpoint ``which`` ("latest" or a path) into ``state`` in place.
+
+    ``steps``: the final step of this run (``--steps``); the learning-rate schedule stored in the
+    checkpoint is kept (:func:`check_schedule`) unless ``reschedule``; ``note_fn(text)`` is told when it
+    differs from this run's options. Checkpoints written before the schedule was stored keep this run's
+    schedule.
 
     Returns
     -------
@@ -74,7 +131,8 @@ def restore_training_checkpoint(manager, which, trainer, state, sync, model_name
     Raises
     ------
     ConfigurationError
-        When the checkpoint was written for another model or global batch size.
+        When the checkpoint was written for another model or global batch size, or this run changes
+        its learning-rate schedule without ``reschedule``.
     """
     restored = manager.load(which)
     saved = restored.replicated
@@ -91,6 +149,12 @@ def restore_training_checkpoint(manager, which, trainer, state, sync, model_name
             f"{restored.info.path}: written with --batch-size {data['global_batch_size']} and --seed "
             f"{data['seed']}, this run has {config.global_batch_size} and {config.seed}; the data "
             "position depends on both, restart with the same values")
+    if "schedule" in saved and steps is not None:
+        plan, note = check_schedule(restored.info.path, dict(saved["schedule"]), trainer.schedule_plan(), int(steps),
+                                    reschedule)
+        trainer.set_schedule(plan)
+        if note is not None and note_fn is not None:
+            note_fn(note)
     precision = state.precision
     xp = array_module(precision.master_params)
     precision.master_params[...] = xp.asarray(np.asarray(saved["params"],

@@ -158,6 +158,54 @@ def load_dataset(path):
     )
 
 
+#: The 8 bytes every HDF5 file holds at offset 0 (or 512, 1024, 2048 ... after a user block).
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def data_file_problem(path):
+    """What is wrong with ``path`` as a ``--data`` file, or None if it looks like an HDF5 file.
+
+    Checks existence, that it is a regular file and the HDF5 signature (so a text or NumPy file gets
+    a message naming it, instead of h5py's "file signature not found"). The datasets are checked
+    when the file is opened.
+    """
+    path = os.fspath(path)
+    expected = ("expected an HDF5 file with datasets x (n, features) float and y (n,) integer labels "
+                "(optional x_test, y_test), e.g. written with h5py or apps.train.data.save_dataset")
+    if not os.path.exists(path):
+        return f"--data {path}: file not found; {expected}, or omit --data for MNIST-1D"
+    if not os.path.isfile(path):
+        return f"--data {path}: is a directory, not a file; {expected}"
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as handle:
+            offset = 0
+            while offset + len(HDF5_SIGNATURE) <= size:
+                handle.seek(offset)
+                if handle.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE:
+                    return None
+                offset = 512 if offset == 0 else 2 * offset
+    except OSError as exc:
+        return f"--data {path}: cannot be read ({exc.strerror or exc}); {expected}"
+    kind = "a NumPy .npy/.npz file" if path.endswith((".npy", ".npz")) else "an HDF5 file"
+    kind = "a text file" if _looks_like_text(path) else kind
+    what = f"is {kind}" if kind != "an HDF5 file" else "is not an HDF5 file (no HDF5 signature)"
+    return f"--data {path}: {what}; {expected}"
+
+
+def _looks_like_text(path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4096)
+    except OSError:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return b"\x00" not in head
+
+
 def default_cache_dir():
     """``$HPCGPU_CACHE_DIR`` or ``~/.cache/hpcgpu``."""
     return os.environ.get("HPCGPU_CACHE_DIR",

@@ -154,6 +154,23 @@ class Trainer:
         self.schedule = WarmupCosineSchedule(config.lr, config.warmup_steps,
                                              config.total_steps, config.min_lr)
 
+    def schedule_plan(self) -> dict:
+        """The learning-rate schedule as plain values (stored in checkpoints; ``total_steps`` None: constant)."""
+        config = self.config
+        return {"lr": float(config.lr), "warmup_steps": int(config.warmup_steps), "min_lr": float(config.min_lr),
+                "total_steps": None if config.total_steps is None else int(config.total_steps)}
+
+    def set_schedule(self, plan: dict) -> None:
+        """Use the schedule ``plan`` (from :meth:`schedule_plan`, e.g. of a checkpoint); returns None.
+
+        A restarted run continues the schedule its first run planned, whatever ``--steps`` it has.
+        """
+        config = self.config
+        config.lr, config.warmup_steps = float(plan["lr"]), int(plan["warmup_steps"])
+        config.min_lr = float(plan["min_lr"])
+        config.total_steps = None if plan["total_steps"] is None else int(plan["total_steps"])
+        self.schedule = WarmupCosineSchedule(config.lr, config.warmup_steps, config.total_steps, config.min_lr)
+
 
 def init_train_state(trainer, xp=np, sync=None):
     """Fresh state: seeded parameters (same on every rank), zero optimiser state.
