@@ -149,8 +149,8 @@ class RunControl:
                                      particle_select_fn=select_fn)
         self.last_saved_step = restored.step
         if self.loud:
-            print(f"restarted from {restored.info.path} (step {restored.step}, written by {restored.info.n_ranks} ranks, "
-                  f"run {self.manager.run_id})")
+            print(f"restarted from {restored.info.path} (step {restored.step}, written by {restored.info.n_ranks} "
+                  f"ranks, run {self.manager.run_id})")
         self._print_restart_note()
         return restored
 

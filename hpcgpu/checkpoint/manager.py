@@ -537,8 +537,9 @@ class CheckpointManager:
         if not ordered and self._incompatible:
             raise _replicated_error(f"no checkpoint in {self.directory} matches this run's configuration; found "
                                     f"{identity.summarize(self._incompatible)}.\n" + self._differences_text()
-                                    + "\nRestart with the options of the run to continue, name one checkpoint explicitly "
-                                    "to restart from it anyway, or start a new run in another checkpoint directory")
+                                    + "\nRestart with the options of the run to continue, name one checkpoint "
+                                    "explicitly to restart from it anyway, or start a new run in another "
+                                    "checkpoint directory")
         return [o.path for o in ordered]
 
     def _differences_text(self) -> str:
@@ -635,8 +636,11 @@ class CheckpointManager:
         Parameters
         ----------
         which : "latest", path or CheckpointInfo
-            With ``"latest"``, a checkpoint that fails to load (corrupt data found while reading) is
-            skipped with a :class:`CheckpointWarning` and the next older one is tried.
+            With ``"latest"``, only checkpoints of this manager's configuration fingerprint (or
+            legacy ones) are candidates, the newest run's first; a checkpoint that fails to load
+            (corrupt data found while reading) is skipped with a :class:`CheckpointWarning` and the
+            next older one is tried. After the load, this manager continues the run id of the
+            checkpoint (a legacy one keeps the new id) and :attr:`restart_note` says what was chosen.
         fields : dict of name -> hpcgpu.Field
             Each is filled (owned cells) from the saved global array of the same name, which must
             have the same global shape and dtype. Any rank count and decomposition: every rank reads

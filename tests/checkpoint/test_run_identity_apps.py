@@ -48,7 +48,8 @@ def shared(tmp_path, run_a):
 
 def test_a_fresh_run_in_another_runs_directory_refuses_with_exit_2_and_changes_nothing(tmp_path, shared):
     directory, run_a_id, before = shared
-    result = stencil(2, tmp_path, "b", "--quiet", "--steps", 40, "--checkpoint-every", 10, "--checkpoint-dir", directory)
+    result = stencil(2, tmp_path, "b", "--quiet", "--steps", 40, "--checkpoint-every", 10,
+                     "--checkpoint-dir", directory)
     assert result.returncode == 2, result.output
     for expected in (str(directory), f"run {run_a_id} (steps 20, 30, 40)", "--restart latest", "--checkpoint-dir",
                      "--share-checkpoint-dir"):
