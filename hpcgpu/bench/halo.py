@@ -12,6 +12,12 @@ NCCL is measured twice: eager (Python enqueues pack, the NCCL group and unpack e
 ``--seconds`` and the time per exchange is the maximum over ranks of the mean. Bandwidth is the
 bytes one rank sends to one neighbour divided by that time (each way).
 
+Only an exchange with another rank measures a link. On one rank there is no neighbour (non-periodic:
+nothing moves) or the rank is its own neighbour (``--periodic``: a local copy); those rows are labelled
+``no neighbour`` / ``local copy`` and carry no bandwidth. The benchmark also measures the memory copy
+rate of the device (or host) and never reports a bandwidth above it: such a number is timer noise or a
+copy that never left the device, not a link.
+
 Example (2 GPUs)::
 
     mpiexec -n 2 python -m hpcgpu.bench halo --transports nccl,mpi-staged --json halo.json
@@ -51,6 +57,42 @@ def _usable_transports(arch, requested: str) -> list[str]:
     if mpi_is_cuda_aware():
         names.append("mpi-cuda")
     return names + ["mpi-staged"]
+
+
+def peer_kind(n_ranks: int, periodic: bool) -> str:
+    """What one exchange along the cut axis moves: ``remote`` (another rank), ``local copy`` (a rank that
+    is its own periodic neighbour) or ``no neighbour`` (one rank, non-periodic)."""
+    if n_ranks > 1:
+        return "remote"
+    return "local copy" if periodic else "no neighbour"
+
+
+def copy_rate(arch, nbytes: int = 64 << 20, repeats: int = 5) -> float:
+    """Bytes per second of a large device (or host) memory copy, the best of ``repeats``.
+
+    No halo exchange can move bytes faster than this; the bench uses it as a ceiling.
+    """
+    xp = arch.xp
+    source = xp.ones(nbytes // 8, dtype=np.float64)
+    target = xp.empty_like(source)
+    best = float("inf")
+    for _ in range(repeats):
+        arch.synchronize()
+        started = time.perf_counter()
+        target[...] = source
+        arch.synchronize()
+        best = min(best, time.perf_counter() - started)
+    return source.nbytes / best if best > 0 else float("inf")
+
+
+def bandwidth(nbytes: int, seconds: float, kind: str, ceiling: float) -> tuple[float | None, str]:
+    """(GB/s each way or None, note) of one measurement; None unless it measured a link believably."""
+    if kind != "remote":
+        return None, kind
+    rate = nbytes / seconds if seconds > 0 else float("inf")
+    if rate > ceiling:
+        return None, "above memory copy rate"
+    return rate / 1e9, ""
 
 
 def measure(comm, arch, transport, layout: str, n_values: int, dtype: str, seconds: float, graph: bool = False,
@@ -96,8 +138,14 @@ def main(args) -> int:
         sizes = [int(s) for s in args.sizes.split(",")]
         itemsize = np.dtype(args.dtype).itemsize
         results = []
+        kind = peer_kind(comm.size, args.periodic)
+        ceiling = comm.allreduce(copy_rate(arch), "min")
         if comm.rank == 0:
-            print(f"halo exchange benchmark: {comm.size} ranks, backend {arch.name} ({arch.reason})", flush=True)
+            print(f"halo exchange benchmark: {comm.size} ranks, backend {arch.name} ({arch.reason}); "
+                  f"memory copy rate {ceiling / 1e9:,.1f} GB/s (no bandwidth above it is reported)", flush=True)
+            if kind != "remote":
+                print(f"note: on one rank there is no other rank to exchange with ({kind}); the times are "
+                      "reported, but no bandwidth: run on 2 or more ranks to measure a link", flush=True)
         variants = [(name, False) for name in _usable_transports(arch, args.transports)]
         if "nccl" in [name for name, _ in variants]:
             variants.insert(1, ("nccl", True))
@@ -109,17 +157,20 @@ def main(args) -> int:
                     seconds = measure(comm, arch, transport, layout, n_values, args.dtype, args.seconds, graph,
                                       args.local_rows, args.periodic, args.side_halo)
                     nbytes = n_values * itemsize
+                    rate, note = bandwidth(nbytes, seconds, kind, ceiling)
                     results.append({
                         "transport": label, "layout": layout, "values": n_values, "bytes": nbytes,
-                        "microseconds": seconds * 1e6, "gigabytes_per_second": nbytes / seconds / 1e9,
+                        "microseconds": seconds * 1e6, "gigabytes_per_second": rate, "peer": kind, "note": note,
                     })
         if comm.rank == 0:
             print(f"\n{'transport':<12} {'layout':<8} {'values':>9} {'bytes':>10} {'us/exchange':>12} {'GB/s each way':>14}")
             for r in results:
+                rate = "-" if r["gigabytes_per_second"] is None else f"{r['gigabytes_per_second']:.2f}"
                 print(f"{r['transport']:<12} {r['layout']:<8} {r['values']:>9} {r['bytes']:>10} "
-                      f"{r['microseconds']:>12.1f} {r['gigabytes_per_second']:>14.2f}")
+                      f"{r['microseconds']:>12.1f} {rate:>14}" + (f"  ({r['note']})" if r["note"] else ""))
             if args.json:
-                meta = {"n_ranks": comm.size, "backend": arch.name, "dtype": args.dtype,
+                meta = {"n_ranks": comm.size, "backend": arch.name, "dtype": args.dtype, "peer": kind,
+                        "memory_copy_gigabytes_per_second": ceiling / 1e9,
                         "device": arch.describe(), "hpcgpu": hpcgpu.__version__}
                 with open(args.json, "w") as out:
                     json.dump({"meta": meta, "results": results}, out, indent=2)

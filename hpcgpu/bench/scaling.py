@@ -16,7 +16,10 @@ Parallel efficiency compares throughput per rank with the baseline's (N0 ranks, 
 
     efficiency(N) = (throughput(N) / N) / (throughput(N0) / N0)
 
-which is T(N0) N0 / (N T(N)) for a strong series and T(N0) / T(N) for a weak one. Each phase of the
+which is T(N0) N0 / (N T(N)) for a strong series and T(N0) / T(N) for a weak one. The study warns
+when a rank count is larger than the machine's physical cores (oversubscribed CPU runs time-share
+cores: their efficiency says nothing about scaling) and when an efficiency is above 100% (superlinear:
+a smaller share per rank fits in cache, or the baseline was slowed by noise or warm-up). Each phase of the
 app's timers (compute, communication, io, host overhead, ...) is turned into seconds per step and
 compared with its ideal (baseline per-step time x N0/N for strong, unchanged for weak); the phase
 with the most time per step above its ideal at the largest rank count is flagged as the bottleneck.
@@ -323,6 +326,56 @@ def make_row(plan: RunPlan, record: dict) -> dict:
     return row
 
 
+def physical_cores() -> int:
+    """Physical CPU cores this process may use (hyperthreads not counted; the affinity mask respected)."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        cores, current = set(), {}
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("physical id", "core id"):
+                    current[key] = value.strip()
+                elif not key and current:
+                    cores.add((current.get("physical id"), current.get("core id")))
+                    current = {}
+        if current:
+            cores.add((current.get("physical id"), current.get("core id")))
+        physical = len(cores) or usable
+    except OSError:
+        physical = usable
+    return max(1, min(physical, usable))
+
+
+#: Efficiency above this (1 + noise) is reported as superlinear.
+SUPERLINEAR_EFFICIENCY = 1.05
+
+
+def scaling_warnings(rows: list[dict], cores: int | None) -> list[str]:
+    """Warnings that keep a reader from trusting misleading efficiencies (after :func:`analyse`).
+
+    ``cores``: physical cores of the machine (:func:`physical_cores`); CPU runs with more ranks than
+    that are oversubscribed; None skips that check (srun may spread the ranks over several nodes).
+    """
+    done = [r for r in rows if r["status"] == "ok"]
+    messages = []
+    crowded = [r["n_ranks"] for r in done
+               if cores is not None and r.get("backend") in (None, "cpu") and r["n_ranks"] > cores]
+    if crowded:
+        messages.append(
+            f"warning: oversubscribed: {', '.join(map(str, crowded))} rank(s) on {cores} physical core(s); ranks "
+            "time-share cores there, so those rows measure contention, not scaling (run them on more cores or nodes)")
+    fast = [r for r in done if r.get("efficiency") is not None and r["efficiency"] > SUPERLINEAR_EFFICIENCY]
+    if fast:
+        listed = ", ".join(f"{100 * r['efficiency']:.0f}% at {r['n_ranks']} ranks" for r in fast)
+        messages.append(
+            f"warning: efficiency above 100% ({listed}) is superlinear or noise, not better-than-perfect "
+            "parallelism: a smaller share per rank can fit in cache, or the baseline run was slowed (JIT "
+            "warm-up, other load on the machine, too few steps); rerun with more --steps before trusting it")
+    return messages
+
+
 def analyse(rows: list[dict], mode: str) -> dict | None:
     """Efficiency and per-phase growth against the baseline (in place); returns the bottleneck record.
 
@@ -491,6 +544,8 @@ def main(args) -> int:
               "baseline_ranks": next((r["n_ranks"] for r in rows if r["status"] == "ok"), None),
               "efficiency_definition": "(throughput(N) / N) / (throughput(N0) / N0)",
               "phases": phases, "rows": rows, "bottleneck": bottleneck}
+    warnings = scaling_warnings(rows, None if launcher == "srun" else physical_cores())
+    result["warnings"] = warnings
     (output / "scaling.json").write_text(json.dumps(result, indent=2) + "\n")
     write_csv(output / "scaling.csv", rows, phases)
     written = ["scaling.json", "scaling.csv"]
@@ -504,5 +559,7 @@ def main(args) -> int:
     print(format_table(rows, phases))
     if bottleneck is not None:
         print(bottleneck["message"])
+    for message in warnings:
+        print(message)
     print(f"wrote {', '.join(written)} in {output}")
     return 0 if all(row["status"] == "ok" for row in rows) else 1
