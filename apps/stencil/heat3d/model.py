@@ -43,6 +43,8 @@ class Heat3DModel(CheckpointedModel):
         self.stencil.exchange_current()
         self.step_index = 0
         self.updates_per_step = int(np.prod(self.global_shape))
+        # A step reads the old value and writes the new one (hpcgpu.app.plausibility).
+        self.min_bytes_per_update = 2 * np.dtype(self.dtype).itemsize
 
     def _sweep(self, out, inp, region, residual):
         heat3d_step(out, inp, region, self.r)

@@ -48,6 +48,8 @@ class JacobiModel(CheckpointedModel):
         self.norm = float("nan")
         # Cells updated per sweep (the Dirichlet columns are not).
         self.updates_per_step = ny * (nx - 2)
+        # A sweep reads the old value and writes the new one (hpcgpu.app.plausibility).
+        self.min_bytes_per_update = 2 * (4 if self.dtype == "float32" else 8)
 
     def _sweep(self, out, inp, region, residual):
         # A thin rim slab (a row or two) gets one row per thread: more blocks, no wasted row loads.

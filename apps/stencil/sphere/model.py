@@ -96,6 +96,8 @@ class LatLonModel(CheckpointedModel):
         self.steps = max(1, math.ceil(days * SECONDS_PER_DAY / self.dt))
         self.step_index = 0
         self.updates_per_step = nx * ny
+        # A step reads and writes h, u and v at least once (hpcgpu.app.plausibility).
+        self.min_bytes_per_update = 6 * np.dtype(self.dtype).itemsize
         self.initial_diagnostics = self._diagnostics_now()
         self.history = [self._history_entry(self.initial_diagnostics)]
         self.snapshot_every = getattr(options, "snapshot_every", None)

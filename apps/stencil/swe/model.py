@@ -69,6 +69,8 @@ class SweModel(CheckpointedModel):
         self.steps = max(1, math.ceil(days * SECONDS_PER_DAY / self.dt))
         self.step_index = 0
         self.updates_per_step = options.nx * options.ny
+        # A step reads and writes h, u and v at least once (hpcgpu.app.plausibility).
+        self.min_bytes_per_update = 6 * np.dtype(self.dtype).itemsize
         self.initial_diagnostics = self._diagnostics_now()
         self.snapshot_every = options.snapshot_every
         self.snapshots = None
