@@ -71,16 +71,20 @@ def test_every_checkpoint_records_its_run_and_configuration(tmp_path, serial_com
     assert identity.fingerprint({"--model": "swe", "--nx": 36}) == manager.config_fingerprint  # order-free
 
 
-def test_pruning_counts_only_this_runs_checkpoints(tmp_path, serial_comm):
-    first = CheckpointManager(serial_comm, tmp_path, app="tests.app", keep=2)
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["synchronous", "asynchronous"])
+def test_pruning_counts_only_this_runs_checkpoints(tmp_path, serial_comm, asynchronous):
+    """Asynchronous saves prune in the layout process: the same rule holds there."""
+    first = CheckpointManager(serial_comm, tmp_path, app="tests.app", keep=2, asynchronous=asynchronous)
     for step in (10, 20, 30):
         save(first, step)
+    first.close()
     filesystem.wait_for_removals()
     assert names(tmp_path) == ["ckpt_000000020", "ckpt_000000030"]
     before = file_hashes(tmp_path)
-    second = CheckpointManager(serial_comm, tmp_path, app="tests.app", keep=2)
+    second = CheckpointManager(serial_comm, tmp_path, app="tests.app", keep=2, asynchronous=asynchronous)
     for step in (5, 15, 25, 35):
         save(second, step)
+    second.close()
     filesystem.wait_for_removals()
     assert names(tmp_path) == ["ckpt_000000020", "ckpt_000000025", "ckpt_000000030", "ckpt_000000035"]
     assert file_hashes(tmp_path, {"ckpt_000000020", "ckpt_000000030"}) == before
