@@ -334,14 +334,34 @@ def main(argv=None) -> int:
     except Exception:
         traceback.print_exc()
         return 1
+    implausible = mark_implausible(results, copy_tbs)
     if arguments.json:
         with open(arguments.json, "w") as stream:
             json.dump(dict(metadata, measured_copy_tbs=copy_tbs, checks=checks, results=results), stream, indent=1)
     print_table(results, copy_tbs, reference_name)
-    failed = [name for name, status in checks.items() if status != "ok"]
+    failed = [name for name, status in checks.items() if status != "ok"] + implausible
     if failed:
         print("FAILED checks: " + ", ".join(failed))
     return 1 if failed else 0
+
+
+def mark_implausible(results, copy_tbs):
+    """Turn every row that moves more bytes per second than the measured copy into an error; return their names.
+
+    A sweep must at least read and write each cell once, so a rate above the copy bandwidth means the
+    kernel did not do its work (or the timer did not wait for it): an error, never a result.
+    """
+    if not copy_tbs:
+        return []
+    ceiling = max(copy_tbs.values())
+    names = []
+    for result in results:
+        if result["tbs"] is not None and result["tbs"] > ceiling:
+            result["status"] = f"IMPLAUSIBLE: {result['tbs']:.2f} TB/s > measured copy {ceiling:.2f} TB/s"
+            result["glups"] = result["tbs"] = result["percent_of_copy"] = None
+            result["ms_per_sweep"] = None
+            names.append(f"{result['kernel']}/{result['variant']}/{result['dtype']}/{result['layout']}")
+    return names
 
 
 if __name__ == "__main__":
