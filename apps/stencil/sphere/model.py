@@ -85,6 +85,14 @@ class LatLonModel(CheckpointedModel):
         self.row_comm = comm.mpi.Split(color=self.grid.coords[0], key=self.grid.coords[1])
         self.gather = mpi_row_gather(self.row_comm)
         self.interior, self.rim = split_owned(shape, (width, width), (1, 1))
+        # --no-overlap: exchange, then one update of every owned cell (bitwise the same result).
+        self.overlap = bool(getattr(options, "overlap", True))
+        self.owned = (width, width + shape[0], width, width + shape[1])
+        if getattr(options, "graph", False) and arch.is_gpu:
+            raise ConfigurationError(
+                "--graph does not apply to --grid latlon: the polar filter plans cuFFT transforms and gathers "
+                "latitude circles on the host in every stage, which a CUDA graph cannot hold. Run without --graph."
+            )
         h, u, v = initial_owned_state(self.initial, self.parameters, start, shape)
         self.exact_h = h.copy()
         for field, values in zip(self.state, (h, u, v)):
@@ -144,13 +152,13 @@ class LatLonModel(CheckpointedModel):
             base, stage, out = ([f.data for f in fs] for fs in (self.state, source, target))
             pending = hpcgpu.exchange_halos(source, wait=False)
             with timers.phase("compute"):
-                if self.interior is not None:
+                if self.overlap and self.interior is not None:
                     sphere_stage(out, base, stage, self.increment, a, b, self.dt, self.tile, filtered, self.interior)
             with timers.phase("communication"):
                 pending.wait()
             with timers.phase("compute"):
                 self.fill_poles(source)
-                for region in self.rim:
+                for region in (self.rim if self.overlap else [self.owned]):
                     sphere_stage(out, base, stage, self.increment, a, b, self.dt, self.tile, filtered, region)
             with timers.phase("communication"):
                 filter_and_combine(out, base, stage, self.increment, a, b, self.plan, self.gather)
