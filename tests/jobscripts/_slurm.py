@@ -1,5 +1,9 @@
 """Submitting the job scripts to the one-node CI Slurm cluster (``.ci/slurm``) and reading what they left.
 
+The tests use that cluster when it runs and never set it up: installing Slurm and munge, writing
+/etc/slurm and starting the daemons is ``.ci/slurm/start-cluster.sh``'s job (``.ci/run`` calls it
+before the tests). Without a cluster the Slurm tests skip and say why (under ``CI=true`` they fail).
+
 Every wait is bounded: a job that outlives its timeout is cancelled and the test fails with the
 job's log. Jobs run in a scratch working directory (``sbatch`` is started there, so it is
 ``SLURM_SUBMIT_DIR``); ``HPCGPU_ROOT`` points the scripts at this checkout and ``HPCGPU_PYTHON`` at
@@ -21,8 +25,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBSCRIPTS = ROOT / "jobscripts"
-START_CLUSTER = ROOT / ".ci" / "slurm" / "start-cluster.sh"
 FAKE_GPU_DIR = Path("/var/lib/slurm-ci")
+#: ``ClusterName`` in the slurm.conf that ``.ci/slurm/start-cluster.sh`` writes.
+CI_CLUSTER_NAME = "ci"
+HOW_TO_START = ("`.ci/run` starts one with `bash .ci/slurm/start-cluster.sh` (as root; SLURM_CI_FAKE_GPUS=2 "
+                "adds the fake GPUs the GPU-script tests need); see docs/testing.md")
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
                 "BOOT_FAIL", "DEADLINE"}
 
@@ -32,31 +39,49 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
-def start_cluster(timeout: float = 300) -> tuple[str | None, int]:
-    """Start (or reuse) the one-node cluster; return (reason it is unusable or None, fake GPU count).
+def _ask(command: list[str], timeout: float) -> tuple[int, str]:
+    """(exit code, stdout + stderr) of a Slurm client command; 124 with a note if it hangs."""
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return 124, f"{shlex.join(command)} did not answer within {timeout:.0f} s"
+    return result.returncode, (result.stdout + result.stderr).strip()
 
-    The cluster gets 2 fake GPUs unless ``SLURM_CI_FAKE_GPUS`` says otherwise, so the GPU scripts can
-    be submitted too (with CPU-sized resource overrides).
+
+def cluster_problem(timeout: float = 30) -> str | None:
+    """Why no usable CI Slurm cluster answers here, or None when one does.
+
+    Only asks (``sinfo``, ``scontrol show config``): the test suite never installs, configures or
+    starts Slurm or munge. ``.ci/slurm/start-cluster.sh`` does that (``.ci/run`` calls it first).
+    A cluster that is not the CI one (``ClusterName=ci``) is not used: the tests submit jobs and
+    rely on its settings (2 CPUs, ``jobcomp/filetxt`` for ``sacct -c``, quick requeues).
     """
     if os.environ.get("HPCGPU_SKIP_SLURM") == "1" and not in_ci():
-        return "HPCGPU_SKIP_SLURM=1", 0
-    if os.geteuid() != 0:
-        return f"starting the CI Slurm cluster needs root (uid {os.geteuid()}); run as root or in CI", 0
-    if shutil.which("sbatch") is None and shutil.which("apt-get") is None:
-        return "neither Slurm (sbatch) nor apt-get to install it is available (Debian's slurm-wlm is needed)", 0
-    env = dict(os.environ)
-    env.setdefault("SLURM_CI_FAKE_GPUS", "2")
-    try:
-        result = subprocess.run(["bash", str(START_CLUSTER)], capture_output=True, text=True, timeout=timeout,
-                                env=env, cwd=ROOT)
-    except subprocess.TimeoutExpired as error:
-        return f"{START_CLUSTER} did not finish within {timeout:.0f} s: {error.stdout or ''}{error.stderr or ''}", 0
-    if result.returncode != 0:
-        return (f"{START_CLUSTER} failed (exit {result.returncode}):\n"
-                f"{(result.stdout + result.stderr)[-3000:]}"), 0
-    gres = subprocess.run(["sinfo", "-h", "-o", "%G"], capture_output=True, text=True, timeout=30).stdout
-    match = re.search(r"gpu:(\d+)", gres)
-    return None, int(match.group(1)) if match else 0
+        return "HPCGPU_SKIP_SLURM=1"
+    missing = [name for name in ("sinfo", "sbatch", "scancel", "scontrol", "sacct") if shutil.which(name) is None]
+    if missing:
+        return f"{', '.join(missing)} not found (Slurm's client commands are not installed)"
+    code, out = _ask(["sinfo", "-h", "-o", "%T"], timeout)
+    if code != 0:
+        return f"slurmctld not answering (sinfo exit {code}: {out[-500:]})"
+    states = out.split()
+    if not any(state.rstrip("*~#!%$@^-") in ("idle", "mixed", "allocated", "completing") for state in states):
+        return f"no node is up (sinfo node states: {', '.join(states) or 'none'})"
+    code, out = _ask(["scontrol", "show", "config"], timeout)
+    name = re.search(r"^ClusterName\s*=\s*(\S+)", out, re.M)
+    if code != 0 or name is None:
+        return f"scontrol show config failed (exit {code}: {out[-500:]})"
+    if name.group(1) != CI_CLUSTER_NAME:
+        return (f"the Slurm cluster here is {name.group(1)!r}, not the CI test cluster {CI_CLUSTER_NAME!r}; "
+                "the job-script tests submit jobs only to that one")
+    return None
+
+
+def fake_gpu_count(timeout: float = 30) -> int:
+    """gres/gpu count of the cluster's node (0 without fake GPUs)."""
+    _, out = _ask(["sinfo", "-h", "-o", "%G"], timeout)
+    match = re.search(r"gpu:(\d+)", out)
+    return int(match.group(1)) if match else 0
 
 
 def fake_gpus_are_devices(count: int) -> bool:
@@ -67,8 +92,8 @@ def fake_gpus_are_devices(count: int) -> bool:
 def script_app_line(script: Path) -> tuple[str, list[str]]:
     """(function, [app, args...]) of the script's ``hpcgpu_run``/``hpcgpu_run_preemptible`` call."""
     for line in script.read_text().splitlines():
-        words = shlex.split(line)
-        if words and words[0] in ("hpcgpu_run", "hpcgpu_run_preemptible"):
+        if line.split()[:1] in (["hpcgpu_run"], ["hpcgpu_run_preemptible"]):   # comments may hold a lone quote
+            words = shlex.split(line, comments=True)
             return words[0], words[1:]
     raise AssertionError(f"{script}: no hpcgpu_run / hpcgpu_run_preemptible line")
 
@@ -92,8 +117,8 @@ class Job:
         return self.workdir / "runs" / self._stem(array_task)
 
     def log_path(self, array_task: int | None = None) -> Path:
-        """runs/<job-name>-<job-id>[_<task>].log: the job's stdout and stderr (Slurm's --output)."""
-        return self.workdir / "runs" / f"{self._stem(array_task)}.log"
+        """<job-name>-<job-id>[_<task>].log in the working directory: the job's stdout and stderr (--output)."""
+        return self.workdir / f"{self._stem(array_task)}.log"
 
     def log(self, array_task: int | None = None) -> str:
         path = self.log_path(array_task)
@@ -140,7 +165,7 @@ def _export(app_args: str, extra_env: dict[str, str] | None) -> str:
 
 def start(script: Path, workdir: Path, app_args: str = "", sbatch_args=(), extra_env=None) -> Job:
     """Submit ``script`` with ``sbatch --wait`` in the background; returns once the job id is known."""
-    (workdir / "runs").mkdir(parents=True, exist_ok=True)  # Slurm does not create --output's directory
+    workdir.mkdir(parents=True, exist_ok=True)  # the scripts' --output goes here; Slurm would not create it
     name = re.search(r"^#SBATCH --job-name=(\S+)", script.read_text(), re.M).group(1)
     command = ["sbatch", "--parsable", "--wait", _export(app_args, extra_env), *sbatch_args, str(script)]
     process = subprocess.Popen(command, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -1,8 +1,9 @@
 """Fixtures for the job-script tests: the one-node Slurm cluster and a scratch working directory.
 
-The cluster is ``.ci/slurm/start-cluster.sh`` (Debian's Slurm 22.05, munged, slurmctld and slurmd on
-this machine, 2 fake GPUs). Without root or apt the Slurm tests are skipped with the reason; under
-CI (``CI=true``) they fail instead, so a broken cluster can never pass CI silently.
+The cluster is the one ``.ci/slurm/start-cluster.sh`` starts (Debian's Slurm 22.05, munged,
+slurmctld and slurmd on this machine, 2 fake GPUs with ``SLURM_CI_FAKE_GPUS=2``); ``.ci/run`` starts it
+before the tests. The tests only use it: when it is not running they are skipped with the reason,
+and under CI (``CI=true``) they fail instead, so a broken cluster can never pass CI silently.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ class Cluster:
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Cluster:
-    reason, fake_gpus = _slurm.start_cluster()
-    if reason is not None:
+    problem = _slurm.cluster_problem()
+    if problem is not None:
         if _slurm.in_ci():
-            pytest.fail(f"CI=true but the Slurm cluster is not usable: {reason}", pytrace=False)
-        pytest.skip(f"no Slurm cluster: {reason}")
-    return Cluster(fake_gpus=fake_gpus)
+            pytest.fail(f"CI=true but no usable Slurm cluster: {problem}; {_slurm.HOW_TO_START}", pytrace=False)
+        pytest.skip(f"no Slurm cluster: {problem}; {_slurm.HOW_TO_START}")
+    return Cluster(fake_gpus=_slurm.fake_gpu_count())
 
 
 @pytest.fixture(scope="session")
