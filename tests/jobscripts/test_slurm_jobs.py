@@ -89,36 +89,41 @@ def test_sweep_array_runs_one_task_per_value_in_its_own_directory(slurm_cluster,
     assert checksums[0] != checksums[1], "different viscosities must give different states"
 
 
+#: The GPU scripts' resources shrunk to the CI node (2 CPUs, 2 fake GPUs); every other option stays.
+GPU_SHRINK = ["--nodes=1", "--gpus-per-node=2", "--ntasks-per-node=2", "--cpus-per-task=1"]
+NO_FAKE_GPUS = ("the cluster has no (fake) GPUs: start it with "
+                "`SLURM_CI_FAKE_GPUS=2 bash .ci/slurm/start-cluster.sh` (as .ci/run does)")
+
+
 @pytest.mark.parametrize("flavour", ["cpu", "gpu"])
 def test_every_script_is_accepted_by_sbatch_test_only(slurm_cluster, job_workdir, flavour):
-    """sbatch validates every option of every script (GPU ones with CPU-sized task counts)."""
-    # The GPU scripts keep their --gpus-per-task/--gpu-bind; only the counts shrink to fit 2 CPUs.
-    shrink = ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1"] if flavour == "gpu" else []
+    """sbatch validates every option of every script (GPU ones with CPU-sized counts)."""
+    shrink = GPU_SHRINK if flavour == "gpu" else []
     if flavour == "gpu" and slurm_cluster.fake_gpus < 2:
-        pytest.skip("the cluster has no (fake) GPUs: start it with SLURM_CI_FAKE_GPUS=2")
+        pytest.skip(NO_FAKE_GPUS)
     for script in sorted((JOBSCRIPTS / flavour).glob("*.sbatch")):
         result = _slurm.sbatch_test_only(script, job_workdir, shrink)
         assert result.returncode == 0 and "to start at" in result.stderr, f"{script}: {result.stderr}"
 
 
-def test_gpu_script_binds_one_gpu_per_task(slurm_cluster, job_workdir, tmp_path):
-    """The GPU single-node script on the cluster's 2 fake GPUs: each task sees exactly its own GPU.
+def test_gpu_script_shows_every_task_the_node_gpus(slurm_cluster, job_workdir, tmp_path):
+    """The GPU single-node script on the cluster's 2 fake GPUs: each task sees both GPUs of the node.
 
-    The fake GPUs are /dev/null-like device files; CuPy is absent, so the app falls back to the CPU,
-    but Slurm's binding (CUDA_VISIBLE_DEVICES per task) is real. A shim interpreter records it.
+    The scripts bind no GPU per task (CUDA IPC between a node's ranks needs its peers visible; hpcgpu
+    picks GPU local_rank % G itself). The fake GPUs are /dev/null-like device files; CuPy is absent, so
+    the app falls back to the CPU, but Slurm's CUDA_VISIBLE_DEVICES is real. A shim interpreter records it.
     """
     if not _slurm.fake_gpus_are_devices(slurm_cluster.fake_gpus):
-        pytest.skip("the cluster has no fake GPU devices (SLURM_CI_FAKE_GPUS=2 and mknod are needed)")
+        pytest.skip(f"the cluster has no fake GPU devices (mknod refused?); {NO_FAKE_GPUS}")
     record = tmp_path / "gpu-map.txt"
     shim = tmp_path / "python"
     shim.write_text(f'#!/bin/bash\necho "task=$SLURM_PROCID gpus=$CUDA_VISIBLE_DEVICES" >> {record}\n'
                     f'exec {sys.executable} "$@"\n')
     shim.chmod(0o755)
     job = _slurm.run(JOBSCRIPTS / "gpu" / "stencil-single-node.sbatch", job_workdir, SMALL["stencil"],
-                     sbatch_args=["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1"],
-                     extra_env={"HPCGPU_PYTHON": str(shim)}, timeout=180)
+                     sbatch_args=GPU_SHRINK, extra_env={"HPCGPU_PYTHON": str(shim)}, timeout=180)
     assert job.returncode == 0, job.describe()
-    assert "GPUs per task 1" in job.log()
+    assert "GPUs per node 2" in job.log(), job.describe()
     lines = sorted(set(record.read_text().splitlines()))
-    assert lines == ["task=0 gpus=0", "task=1 gpus=1"], lines   # same map for the info step and the app
+    assert lines == ["task=0 gpus=0,1", "task=1 gpus=0,1"], lines   # same for the info step and the app
     assert job.summary()["n_ranks"] == 2
