@@ -2,6 +2,7 @@
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -34,7 +35,12 @@ def test_restart_continues_bitwise_with_the_same_rank_count_and_to_rounding_with
 def test_restart_of_another_system_is_refused(tmp_path):
     checkpoints = str(tmp_path / "ckpt")
     run(1, tmp_path, "first", "--steps", "10", "--checkpoint-every", "10", "--checkpoint-dir", checkpoints)
-    result = run_mpi(1, [sys.executable, "-m", "apps.md", "--cells", "6", "--quiet", "--no-plot", "--steps", "20",
-                         "--thermostat", "langevin", "--restart", "latest", "--checkpoint-dir", checkpoints,
-                         "--output", str(tmp_path / "other")], timeout=120)
+    other = [sys.executable, "-m", "apps.md", "--cells", "6", "--quiet", "--no-plot", "--steps", "20",
+             "--thermostat", "langevin", "--checkpoint-dir", checkpoints]
+    # --restart latest looks only among checkpoints of a run with the same configuration: none here.
+    result = run_mpi(1, other + ["--restart", "latest", "--output", str(tmp_path / "other")], timeout=120)
+    assert result.returncode == 2 and '--cells: "5" in the checkpoint, "6" in this run' in result.output, result.output
+    # An explicit checkpoint is loaded, and the app's own check refuses the other system.
+    result = run_mpi(1, other + ["--restart", str(Path(checkpoints) / "ckpt_000000010"),
+                                 "--output", str(tmp_path / "explicit")], timeout=120)
     assert result.returncode == 2 and "the checkpoint holds" in result.output, result.output
