@@ -104,7 +104,7 @@ SPECTRAL_REFERENCE_DRIFT = {32: 0.9252, 64: 0.9243}
 def test_rossby_haurwitz_drift_converges_to_the_spectral_reference():
     """The shallow-water drift is not Haurwitz's nondivergent speed but ~0.923 of it (spectral
     reference). Our drift approaches that reference as the grid is refined: measured +2.1% at 64x32,
-    +0.6% at 128x64 (+0.1% at 256x128, docs/benchmarks.md)."""
+    +0.6% at 128x64 (+0.1% at 256x128, docs/performance.md)."""
     differences = {n: rossby_haurwitz_drift_ratio(n, n_steps=720 if n == 32 else None) / reference - 1
                    for n, reference in SPECTRAL_REFERENCE_DRIFT.items()}
     assert abs(differences[32]) <= 0.03, differences
