@@ -308,9 +308,10 @@ def run(options, comm) -> dict:
                 if x_test is not None and options.eval_every and state.step % options.eval_every == 0 \
                         and state.step < options.steps:
                     _evaluate_into(history, trainer, state, x_test, y_test, comm, evaluate_distributed)
-                elapsed = time.perf_counter() - started
-                rate = options.batch_size * (state.step - first_step) / elapsed if elapsed > 0 else 0.0
-                progress.update(state.step, f"loss {metrics.loss:.4f}  {rate:,.0f} samples/s")
+                # samples/s after the warm-up step, like the progress line's steps/s ("-" until timed)
+                steps_per_second = progress.rate(state.step, time.perf_counter())
+                rate = f"{options.batch_size * steps_per_second:,.0f}" if steps_per_second else "-"
+                progress.update(state.step, f"loss {metrics.loss:.4f}  {rate} samples/s")
                 control.after_step(state.step, checkpoint_state, timers)   # periodic save; stop on request
             finishing = time.perf_counter()
             control.finish(state.step, checkpoint_state)   # the end of the run is a checkpoint too
