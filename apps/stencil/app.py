@@ -23,6 +23,7 @@ from hpcgpu.app.cli import (common_parser, finite_float, float_in, non_negative_
                             positive_float, positive_int)
 from hpcgpu.app.environment import files_written, prepare_output
 from hpcgpu.app.main import run_app
+from hpcgpu.app.plausibility import check_throughput
 from hpcgpu.app.progress import Progress, steps_text
 from hpcgpu.app.summary import make_summary, write_json
 from hpcgpu.app.timers import PhaseTimers, format_timers
@@ -214,6 +215,8 @@ def run(options, comm) -> dict:
     timer_summary = timers.summary(comm, wall)
     done = model.step_index - first_step   # the steps this job ran (a restart starts at first_step)
     throughput = model.updates_per_step * done / wall if wall > 0 else 0.0
+    # Collective; raises if the rate beats the GPU's copy bandwidth (the steps did not do their work).
+    plausibility = check_throughput(comm, arch, throughput, model.unit, getattr(model, "min_bytes_per_update", None))
     summary = make_summary(
         app="apps.stencil", backend=arch.name, comm=comm,
         decomposition={"dims": list(model.grid.dims), "global_shape": list(model.grid.global_shape),
@@ -222,7 +225,7 @@ def run(options, comm) -> dict:
         diagnostics=diagnostics, checksum=checksum,
         extra={"first_step": first_step, "final_step": model.step_index,
                "model": model.name, "precision": model.dtype, "updates_per_step": model.updates_per_step,
-               "graph": bool(graph), "transport": auto_transport_name(arch), **monitor_extra},
+               "graph": bool(graph), "transport": auto_transport_name(arch), **plausibility, **monitor_extra},
     )
     if hasattr(model, "finish"):
         model.finish(output, summary, plot=not options.no_plot)
