@@ -27,6 +27,7 @@ from hpcgpu.app.checksum import hash_arrays
 from hpcgpu.app.cli import common_parser, non_negative_int, positive_int
 from hpcgpu.app.environment import files_written, prepare_output
 from hpcgpu.app.main import run_app
+from hpcgpu.app.plausibility import check_throughput
 from hpcgpu.app.progress import Progress, steps_text
 from hpcgpu.app.summary import make_summary, write_json
 from hpcgpu.app.timers import PhaseTimers, format_timers
@@ -268,6 +269,9 @@ def run(options, comm) -> dict:
     diagnostics["setup_seconds"] = setup_seconds
     timer_summary = timers.summary(comm, wall)
     throughput = state.n_atoms * steps_done / wall if wall > 0 else 0.0
+    # Collective; a step reads and writes positions and velocities at least once (3 components each).
+    itemsize = 8 if options.precision == "fp64" else 4
+    plausibility = check_throughput(comm, arch, throughput, "atom-steps/s", 12 * itemsize)
     summary = make_summary(
         app="apps.md", backend=arch.name, comm=comm,
         decomposition={"dims": list(domain.dims), "axes": "x,y,z", "box": domain.box.tolist(), "periodic": [True] * 3},
@@ -277,7 +281,7 @@ def run(options, comm) -> dict:
                "n_atoms": state.n_atoms, "precision": options.precision, "thermostat": options.thermostat,
                "potential": config.potential.variant,
                "thermo": [dict(zip(("step", "temp", "e_pair", "toteng", "press"), s)) for s in history],
-               **monitor_extra},
+               **plausibility, **monitor_extra},
     )
     if comm.rank == 0:
         if writer is not None:
