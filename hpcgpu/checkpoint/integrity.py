@@ -58,7 +58,7 @@ def find_bad_tiles(region: np.ndarray, first_tile, tile, block_shape, crcs) -> l
     grid = tuple(-(-n // t) for n, t in zip(region.shape, tile))
     bad = []
     for offset in iter_tiles(grid):
-        index = tuple(f + o for f, o in zip(first_tile, offset))
+        index = tuple(int(f + o) for f, o in zip(first_tile, offset))   # plain ints: they go into messages
         block_slices = tile_slices(index, tile, block_shape)
         local = tuple(slice(s.start - o, s.stop - o) for s, o in zip(block_slices, origin))
         if crc32(region[local]) != int(crcs[index]):

@@ -261,7 +261,8 @@ class LatLonModel(CheckpointedModel):
         for key, mine in (("init", self.init_name), ("alpha", self.parameters.alpha),
                           ("filter_latitude", self.parameters.filter_latitude)):
             if replicated[key] != mine:
-                raise ConfigurationError(f"the checkpoint was written with {key}={replicated[key]!r}, not {mine!r}")
+                theirs = replicated[key].item() if hasattr(replicated[key], "item") else replicated[key]
+                raise ConfigurationError(f"the checkpoint was written with {key}={theirs!r}, not {mine!r}")
         self.dt = float(replicated["dt"])
 
     def after_restore(self) -> None:
