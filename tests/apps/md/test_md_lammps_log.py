@@ -255,3 +255,54 @@ def test_against_lammps_itself_when_installed(distribution, cells, density, temp
     for step in range(1, 41):
         distributed.step(state, config, compute_energy=step == 40)
     np.testing.assert_allclose(distributed.thermo(state, config)[1:], expected, rtol=1e-10, atol=0)
+
+
+IN_LJ_SCRIPT = """units lj
+atom_style atomic
+lattice fcc 0.8442
+region box block 0 20 0 20 0 20
+create_box 1 box
+create_atoms 1 box
+mass 1 1.0
+velocity all create 1.44 87287 loop geom
+write_dump all custom initial.dump id x y z vx vy vz modify sort id format float %.17g
+pair_style lj/cut 2.5
+pair_coeff 1 1 1.0 1.0 2.5
+neighbor 0.3 bin
+neigh_modify delay 0 every 20 check no
+fix 1 all nve
+thermo_modify format float %.17g
+run 100
+"""
+
+
+def test_against_the_lammps_binary_when_installed(tmp_path):
+    """bench/in.lj run by an installed ``lmp`` (Debian: ``apt-get install lammps``, LAMMPS 29 Sep 2021 -
+    Update 2 in bookworm; skipped without one): its atoms and velocities are apps.md's bit for bit, and its
+    thermo at full precision is LAMMPS_FULL (the same bits as LAMMPS 22 Jul 2025)."""
+    import os
+    import shutil
+    import subprocess
+
+    import hpcgpu
+    from hpcgpu.particles import ParticleDomain
+
+    binary = shutil.which("lmp")
+    if binary is None:
+        pytest.skip("no LAMMPS binary 'lmp' on PATH (Debian/Ubuntu: apt-get install lammps)")
+    (tmp_path / "in.lj").write_text(IN_LJ_SCRIPT)
+    environment = dict(os.environ, OMP_NUM_THREADS="1")
+    result = subprocess.run([binary, "-in", "in.lj", "-log", "log.lammps", "-screen", "none"], cwd=tmp_path,
+                            env=environment, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = (tmp_path / "log.lammps").read_text().splitlines()
+    header = next(n for n, line in enumerate(lines) if line.split()[:2] == ["Step", "Temp"])
+    for line in lines[header + 1:header + 3]:
+        step, temp, e_pair, _e_mol, tot_eng, press = line.split()
+        assert (float(temp), float(e_pair), float(tot_eng), float(press)) == LAMMPS_FULL[int(step)], lines[0]
+    dump = np.loadtxt(tmp_path / "initial.dump", skiprows=9)
+    domain = ParticleDomain(hpcgpu.Communicator(), system.lattice_box("fcc", 0.8442, (20, 20, 20)), 2.8)
+    atoms = system.lattice_atoms(domain, "fcc", 0.8442, (20, 20, 20), 1.44, seed=0)
+    np.testing.assert_array_equal(dump[:, 0], atoms.atom_ids)
+    np.testing.assert_array_equal(dump[:, 1:4], atoms.positions)
+    np.testing.assert_array_equal(dump[:, 4:7], atoms.velocities)
