@@ -77,6 +77,22 @@ def cluster_problem(timeout: float = 30) -> str | None:
     return None
 
 
+def job_variables(environment) -> list[str]:
+    """Names of Slurm job variables in ``environment`` (all ``SLURM_*`` but ``SLURM_CONF``).
+
+    A pytest started inside a Slurm job has them; passed on, they would make the reference run (and,
+    through ``--export=ALL``, the test's jobs, since 22.05 does not set ``SLURM_JOB_END_TIME`` itself)
+    take that job's wall-time limit.
+    """
+    return [name for name in environment if name.startswith("SLURM_") and name != "SLURM_CONF"]
+
+
+def submit_environment() -> dict[str, str]:
+    """This process's environment without Slurm job variables: what sbatch gets and exports."""
+    excluded = set(job_variables(os.environ))
+    return {name: value for name, value in os.environ.items() if name not in excluded}
+
+
 def fake_gpu_count(timeout: float = 30) -> int:
     """gres/gpu count of the cluster's node (0 without fake GPUs)."""
     _, out = _ask(["sinfo", "-h", "-o", "%G"], timeout)
@@ -168,8 +184,8 @@ def start(script: Path, workdir: Path, app_args: str = "", sbatch_args=(), extra
     workdir.mkdir(parents=True, exist_ok=True)  # the scripts' --output goes here; Slurm would not create it
     name = re.search(r"^#SBATCH --job-name=(\S+)", script.read_text(), re.M).group(1)
     command = ["sbatch", "--parsable", "--wait", _export(app_args, extra_env), *sbatch_args, str(script)]
-    process = subprocess.Popen(command, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    process = subprocess.Popen(command, cwd=workdir, env=submit_environment(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
     first_line = process.stdout.readline().strip()
     if not first_line:
         _, error = process.communicate(timeout=30)
@@ -206,4 +222,4 @@ def cancel(job: Job) -> None:
 def sbatch_test_only(script: Path, workdir: Path, sbatch_args=()) -> subprocess.CompletedProcess:
     """``sbatch --test-only``: validates the script's options against the cluster; creates no job."""
     return subprocess.run(["sbatch", "--test-only", _export("", None), *sbatch_args, str(script)], cwd=workdir,
-                          capture_output=True, text=True, timeout=30)
+                          env=submit_environment(), capture_output=True, text=True, timeout=30)

@@ -6,11 +6,18 @@ periodic checkpoint exists, the test sends what ``--signal=B:USR1@120`` sends be
 a final checkpoint and exit 75, the script must requeue the job, and the second run
 (``SLURM_RESTART_COUNT=1``) must continue from that checkpoint to the same final checksum as an
 uninterrupted run with the same rank count and options.
+
+The uninterrupted reference runs without Slurm: it gets no Slurm job variables, because the app takes
+its wall-time limit from ``SLURM_JOB_ID`` / ``SLURM_JOB_END_TIME`` when they are set (a pytest started
+inside a Slurm job would otherwise stop it with exit 75 at that job's limit), and it prints its progress,
+so that a failed reference shows why it ended (the app's ``stopping: ...`` line for an exit 75).
+Every wait is sized for a loaded 2-core machine.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -25,8 +32,12 @@ from tests.jobscripts._slurm import JOBSCRIPTS
 pytestmark = pytest.mark.slow
 
 SCRIPT = JOBSCRIPTS / "cpu" / "stencil-preemptible.sbatch"
-STEPS = 60000
+STEPS = 30000
 PROBLEM = f"--model jacobi --nx 1024 --ny 1024 --norm-every 100 --steps {STEPS} --checkpoint-every 2000"
+#: Seconds for the reference: about 35 s on 2 idle cores, 2.5 min with 6 CPU hogs (stress-ng) beside it.
+REFERENCE_TIMEOUT = 480
+#: Seconds for the job's two runs after the signal (the requeue waits about 11 s in between).
+JOB_TIMEOUT = 480
 
 
 def wait_for_checkpoint(job: _slurm.Job, timeout: float) -> None:
@@ -40,13 +51,18 @@ def wait_for_checkpoint(job: _slurm.Job, timeout: float) -> None:
         time.sleep(0.2)
 
 
-def test_usr1_checkpoints_requeues_resumes_and_matches_an_uninterrupted_run(slurm_cluster, job_workdir, tmp_path):
+@pytest.mark.timeout(REFERENCE_TIMEOUT + 120 + JOB_TIMEOUT + 120)
+def test_usr1_checkpoints_requeues_resumes_and_matches_an_uninterrupted_run(slurm_cluster, job_workdir, tmp_path,
+                                                                            monkeypatch):
     function, app_line = _slurm.script_app_line(SCRIPT)
     assert function == "hpcgpu_run_preemptible" and app_line[0] == "apps.stencil"
     options = app_line[1:] + PROBLEM.split()    # exactly what the job runs (later flags win)
-    reference = run_mpi(2, [sys.executable, "-m", "apps.stencil", "--quiet", *options, "--output",
-                            str(tmp_path / "reference"), "--summary", str(tmp_path / "reference.json")], timeout=180)
-    assert reference.returncode == 0, reference.output
+    for name in _slurm.job_variables(os.environ):
+        monkeypatch.delenv(name)   # no wall-time limit from a Slurm job around this pytest
+    reference = run_mpi(2, [sys.executable, "-m", "apps.stencil", *options, "--output", str(tmp_path / "reference"),
+                            "--summary", str(tmp_path / "reference.json")], timeout=REFERENCE_TIMEOUT)
+    assert reference.returncode == 0, (f"the uninterrupted reference run (no Slurm) exited {reference.returncode}; "
+                                       f"its output ends:\n{reference.output[-4000:]}")
     expected = json.loads((tmp_path / "reference.json").read_text())["checksum"]
 
     job = _slurm.start(SCRIPT, job_workdir, PROBLEM)
@@ -55,7 +71,7 @@ def test_usr1_checkpoints_requeues_resumes_and_matches_an_uninterrupted_run(slur
         signal = subprocess.run(["scancel", "--signal=USR1", "--batch", job.job_id], capture_output=True,
                                 text=True, timeout=30)
         assert signal.returncode == 0, signal.stderr
-        _slurm.wait(job, timeout=240)    # sbatch --wait returns after the last run of the job
+        _slurm.wait(job, timeout=JOB_TIMEOUT)    # sbatch --wait returns after the last run of the job
     finally:
         if job.process.poll() is None:
             _slurm.cancel(job)
@@ -75,5 +91,7 @@ def test_usr1_checkpoints_requeues_resumes_and_matches_an_uninterrupted_run(slur
     states = _slurm.final_states(job.job_id)
     assert len(states) == 2 and states[-1] == ("COMPLETED", "0:0"), states   # the requeued run, then the final one
     summary = job.summary()
-    assert summary["steps"] == STEPS
+    # The summary counts the steps of the run that wrote it: the second, from the checkpoint to the end.
+    assert (summary["first_step"], summary["final_step"]) == (int(stopped.group(1)), STEPS), summary
+    assert summary["steps"] == STEPS - summary["first_step"]
     assert summary["checksum"] == expected, "the preempted chain must end bitwise equal to one uninterrupted run"
