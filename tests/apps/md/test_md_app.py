@@ -75,7 +75,7 @@ def test_app_in_lj_data_files_h5md_and_checksums(comm):
     argv = small + ["--steps", "30", "--dump-every", "10", "--output", str(directory / "c"),
                     "--summary", str(directory / "c" / "summary.json")]
     from_lattice = _run_app(comm, argv)
-    again = _run_app(comm, argv)
+    again = _run_app(comm, [*argv[:-4], "--output", str(directory / "c2")])   # a fresh run never overwrites c
     rows = lambda s: np.array([[t["step"], t["temp"], t["e_pair"], t["toteng"], t["press"]] for t in s["thermo"]])
     np.testing.assert_allclose(rows(from_data), rows(from_lattice), rtol=1e-13, atol=0)
     assert from_lattice["checksum"] == again["checksum"], "same rank count, same input: identical state"
@@ -90,7 +90,7 @@ def test_app_in_lj_data_files_h5md_and_checksums(comm):
         assert {"min", "mean", "max"} <= set(record["timers"]["compute"])
         assert "energy_drift" in record["diagnostics"]
         assert (directory / "c" / "thermo.png").stat().st_size > 1000
-        _check_h5md(directory / "c" / "trajectory.h5", n_atoms=864, steps=[0, 10, 20, 30])
+        _check_h5md(directory / "c" / "trajectory.h5md", n_atoms=864, steps=[0, 10, 20, 30])
 
 
 def _check_h5md(path, n_atoms, steps):
@@ -107,7 +107,7 @@ def _check_h5md(path, n_atoms, steps):
             assert list(group["step"][()]) == steps
             np.testing.assert_allclose(group["time"][()], np.array(steps) * 0.005)
             assert group["value"].shape == (len(steps), n_atoms, 3)
-        assert handle["particles/all/position/value"].attrs["unit"] == "sigma"
+        assert handle["particles/all/position/value"].attrs["reduced_unit"] == "sigma"
         assert handle["particles/all/box/edges/value"].shape == (len(steps), 3)
         ids = handle["particles/all/id"][()]
         assert np.array_equal(ids, np.arange(1, n_atoms + 1))
