@@ -83,7 +83,15 @@ def build_parser(rank: int = 0):
     atoms.add_argument("--density", type=float, default=0.8442, help="reduced number density [0.8442]")
     atoms.add_argument("--cells", default="20", help="unit cells per axis: N or NX,NY,NZ [20]")
     atoms.add_argument("--temperature", type=float, default=1.44,
-                       help="initial temperature of the id-keyed Maxwell-Boltzmann velocities [1.44]")
+                       help="initial temperature (velocities: see --velocity) [1.44]")
+    atoms.add_argument("--velocity", choices=system.VELOCITY_STYLES, default="lammps-geom",
+                       help="initial velocities (lattice, or a data file without Velocities): lammps-geom = LAMMPS "
+                            "'velocity all create T SEED loop geom' (uniform, generator seeded per atom from its "
+                            "coordinates, zero momentum; bench/in.lj's velocities bit for bit), SEED = "
+                            "--velocity-seed; counter = Maxwell-Boltzmann keyed by (--seed, atom id). Both are "
+                            "independent of the decomposition [lammps-geom]")
+    atoms.add_argument("--velocity-seed", type=positive_int, default=system.IN_LJ_VELOCITY_SEED, metavar="SEED",
+                       help="SEED of --velocity lammps-geom, 1..2147483647 (bench/in.lj: 87287) [87287]")
     atoms.add_argument("--data", metavar="FILE", help="start from a LAMMPS data file (atom_style atomic) instead")
     atoms.add_argument("--write-data", metavar="FILE", help="write the final state as a LAMMPS data file")
     model = parser.add_argument_group("interactions and dynamics")
@@ -170,13 +178,14 @@ def build_state(comm, arch, options, config):
                 cutoff=options.cutoff, variant=options.potential, epsilon=np.ones(data.masses.size),
                 sigma=np.ones(data.masses.size)))
         domain = ParticleDomain(comm, data.box, config.ghost_width, dims=dims)
-        atoms = system.data_atoms(domain, data, options.temperature, options.seed)
+        atoms = system.data_atoms(domain, data, options.temperature, options.seed, velocity=options.velocity,
+                                  velocity_seed=options.velocity_seed)
     else:
         cells = _cells(options.cells)
         domain = ParticleDomain(comm, system.lattice_box(options.lattice, options.density, cells),
                                 config.ghost_width, dims=dims)
         atoms = system.lattice_atoms(domain, options.lattice, options.density, cells, options.temperature,
-                                     options.seed)
+                                     options.seed, velocity=options.velocity, velocity_seed=options.velocity_seed)
     dtype = np.float64 if options.precision == "fp64" else np.float32
     state = distributed.init(domain, atoms.positions, atoms.velocities, config, types=atoms.types,
                              masses=atoms.masses, atom_ids=atoms.atom_ids, images=atoms.images, xp=arch.xp,
@@ -288,7 +297,8 @@ def run(options, comm) -> dict:
             writer.close()
         if options.write_data:
             system.write_gathered(options.write_data, gathered, domain.box, atoms.masses,
-                                  f"LAMMPS data file written by hpcgpu apps.md at step {state.step}")
+                                  f"LAMMPS data file written by hpcgpu apps.md at step {state.step}",
+                                  box_lower=atoms.box_lower, box_upper=atoms.box_upper)
         if not options.no_plot and history:
             from .plot import plot_thermo
 
