@@ -2,7 +2,12 @@
 # Start a one-node Slurm cluster on this host for CI: munged + slurmctld + slurmd as plain
 # background daemons (no systemd), one node = this host, sized by `slurmd -C`.
 #
-# Usage (as root):  bash .ci/slurm/start-cluster.sh
+# Usage (as root):  bash .ci/slurm/start-cluster.sh        (.ci/run: SLURM_CI_FAKE_GPUS=2 bash ...)
+# This script is the only thing that installs or configures Slurm for the tests: the Slurm tests in
+# tests/jobscripts use a running cluster and skip without one (docs/testing.md). It changes the
+# system: apt-get install slurm-wlm munge, /etc/slurm/{slurm,gres}.conf, /etc/munge/munge.key,
+# /var/{lib/slurm-ci,log/slurm,spool/slurm*}, and leaves munged, slurmctld and slurmd running
+# (stop them with .ci/slurm/stop-cluster.sh).
 # Idempotent: every step checks first, so a second call while the cluster runs changes nothing.
 # If the wanted slurm.conf differs from the one on disk (e.g. SLURM_CI_FAKE_GPUS changed), the
 # file is rewritten and running slurm daemons are restarted.
@@ -336,5 +341,6 @@ write_conf
 start_slurmctld
 start_slurmd
 wait_for_idle_node
-log "cluster ready in $(( SECONDS - START_SECONDS ))s (logs: $LOG_DIR, config: $CONF):"
+log "cluster ready in $(( SECONDS - START_SECONDS ))s (logs: $LOG_DIR, config: $CONF;" \
+    "stop it with: bash .ci/slurm/stop-cluster.sh):"
 sinfo
