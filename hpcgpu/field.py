@@ -27,6 +27,9 @@ class Field:
         that never needs neighbours' values).
     dtype : str or numpy.dtype
     name : str
+    attributes : dict of str to str or number, optional
+        What the values mean, for files that store the field (checkpoints): e.g. ``{"units": "m s-1",
+        "grid_location": "x faces"}``. Stored as HDF5 attributes of the field's dataset.
 
     Attributes
     ----------
@@ -35,7 +38,8 @@ class Field:
     interior : view of ``data``, shape ``local_shape``
     """
 
-    def __init__(self, decomposition, arch, halo_width: int | Sequence[int] = 1, dtype="float64", name: str = "field"):
+    def __init__(self, decomposition, arch, halo_width: int | Sequence[int] = 1, dtype="float64", name: str = "field",
+                 attributes: dict | None = None):
         ndim = decomposition.ndim
         if isinstance(halo_width, (int, np.integer)):
             halo_width = (int(halo_width),) * ndim
@@ -48,6 +52,7 @@ class Field:
         self.arch = arch
         self.halo_width = halo_width
         self.name = name
+        self.attributes = dict(attributes or {})
         padded = tuple(n + 2 * w for n, w in zip(decomposition.local_shape, halo_width))
         self.data = arch.zeros(padded, dtype=dtype)
         self.interior = self.data[self.interior_slices]

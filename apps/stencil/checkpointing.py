@@ -5,6 +5,18 @@ from __future__ import annotations
 from hpcgpu.errors import ConfigurationError
 
 
+#: Units and grid location of the shallow-water fields (channel and lat-lon), stored with each
+#: checkpoint's datasets. They hold the C-grid values themselves: u and v on faces, unlike the cell-centre
+#: averages the netCDF snapshots write.
+C_GRID_ATTRIBUTES = {
+    "h": {"units": "m", "long_name": "fluid depth", "grid_location": "cell centre (i + 1/2, j + 1/2)"},
+    "u": {"units": "m s-1", "long_name": "eastward velocity (x on the channel)",
+          "grid_location": "west cell face (i, j + 1/2), Arakawa C-grid"},
+    "v": {"units": "m s-1", "long_name": "northward velocity (y on the channel)",
+          "grid_location": "south cell face (i + 1/2, j), Arakawa C-grid"},
+}
+
+
 class CheckpointedModel:
     """Mixin for the stencil models: state fields (owned cells) plus replicated scalars.
 

@@ -32,6 +32,7 @@ class FieldBlock:
     global_shape: tuple
     dims: tuple
     periodic: tuple
+    attributes: dict = dataclass_field(default_factory=dict)   # units, grid location (Field.attributes)
 
 
 @dataclass
@@ -144,7 +145,8 @@ def take_snapshot(step: int, fields: dict, particles: dict | None, replicated: d
         blocks[name] = FieldBlock(
             data=_to_host(field.interior, f"fields/{name}", copy, pool, stream, keep_alive, pending),
             start=tuple(int(s) for s in grid.local_start), global_shape=tuple(grid.global_shape),
-            dims=tuple(grid.dims), periodic=tuple(bool(p) for p in grid.periodic))
+            dims=tuple(grid.dims), periodic=tuple(bool(p) for p in grid.periodic),
+            attributes=dict(getattr(field, "attributes", None) or {}))
     counts = set()
     for name, array in (particles or {}).items():
         host = _to_host(array, f"particles/{name}", copy, pool, stream, keep_alive, pending)

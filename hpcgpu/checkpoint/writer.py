@@ -30,7 +30,8 @@ def describe(snapshot) -> dict:
     """What this rank writes (small; allgathered so that every rank knows the whole index)."""
     return {
         "fields": {name: {"start": list(b.start), "shape": list(b.data.shape), "global_shape": list(b.global_shape),
-                          "dtype": layout.dtype_name(b.data.dtype), "dims": list(b.dims), "periodic": list(b.periodic)}
+                          "dtype": layout.dtype_name(b.data.dtype), "dims": list(b.dims), "periodic": list(b.periodic),
+                          "attributes": dict(b.attributes)}
                    for name, b in snapshot.fields.items()},
         "particles": {name: {"count": int(a.shape[0]), "trailing": list(a.shape[1:]), "dtype": layout.dtype_name(a.dtype)}
                       for name, a in snapshot.particles.items()},
@@ -72,7 +73,7 @@ def build_index(descriptions: list[dict]) -> tuple[dict, str | None]:
         if sum(math.prod(s) for s in shapes) != math.prod(reference["global_shape"]):
             return {}, f"field {name!r}: the ranks' blocks do not tile the global shape {reference['global_shape']}"
         index["fields"][name] = {key: reference[key] for key in ("global_shape", "dtype", "dims", "periodic")}
-        index["fields"][name].update(starts=starts, shapes=shapes)
+        index["fields"][name].update(starts=starts, shapes=shapes, attributes=reference.get("attributes", {}))
     if first["particles"]:
         index["particles"]["counts"] = [next(iter(d["particles"].values()))["count"] for d in descriptions]
         index["particles"]["arrays"] = {name: {"trailing": e["trailing"], "dtype": e["dtype"]}
@@ -93,6 +94,12 @@ def _write_index(group, index: dict) -> None:
     particle_group = group.create_group("particles")
     particle_group.create_dataset("count", data=np.asarray(index["particles"]["counts"], dtype=np.int64))
     particle_group.attrs["arrays"] = json.dumps(index["particles"]["arrays"])
+
+
+def _set_field_attributes(dataset, entry: dict) -> None:
+    """What the field's values mean (``Field.attributes``: units, grid location) as attributes of its dataset."""
+    for key, value in entry.get("attributes", {}).items():
+        dataset.attrs[key] = value
 
 
 def _root_attributes(handle, snapshot, index, app: str, n_ranks: int, storage: str, provenance: dict) -> None:
@@ -312,7 +319,7 @@ def write_master_file(path, snapshot, index: dict, app: str, n_ranks: int, prove
                 # directory can be renamed or moved as a whole.
                 source = h5py.VirtualSource(layout.rank_file_name(rank), f"fields/{name}", shape=tuple(shape))
                 virtual[tuple(slice(s, s + n) for s, n in zip(start, shape))] = source
-            handle.create_virtual_dataset(f"fields/{name}", virtual)
+            _set_field_attributes(handle.create_virtual_dataset(f"fields/{name}", virtual), entry)
         counts = index["particles"]["counts"]
         offsets = np.concatenate([[0], np.cumsum(counts)]).astype(int) if counts else [0]
         for name, entry in index["particles"]["arrays"].items():
@@ -354,6 +361,7 @@ def write_single_file(path, snapshot, index: dict, comm, app: str, provenance: d
         for name, entry in index["fields"].items():
             dtype = np.dtype(entry["dtype"])
             dataset = handle.create_dataset(f"fields/{name}", shape=tuple(entry["global_shape"]), dtype=dtype)
+            _set_field_attributes(dataset, entry)
             checksum_sets = _create_checksum_sets(handle, f"checksums/fields/{name}", entry["shapes"], dtype)
             block = snapshot.fields[name]
             with dataset.collective:

@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 import hpcgpu
-from apps.stencil.checkpointing import CheckpointedModel
+from apps.stencil.checkpointing import C_GRID_ATTRIBUTES, CheckpointedModel
 from apps.stencil.sphere.diagnostics import DIAGNOSTIC_NAMES, error_norms, local_diagnostics, local_error_sums
 from apps.stencil.sphere.initial_conditions import SECONDS_PER_DAY, initial_owned_state, make_initial_condition
 from apps.stencil.sphere.parameters import DEFAULT_FILTER_LATITUDE_DEG, SphereParameters, tile_parameters
@@ -72,7 +72,8 @@ class LatLonModel(CheckpointedModel):
             if self.grid.min_extent(axis) < width:
                 raise ConfigurationError(f"latlon: every rank needs >= {width} cells in {label}; {self.grid} gives fewer")
         self.initial = make_initial_condition(self.init_name, self.parameters)
-        make = lambda name: hpcgpu.Field(self.grid, arch, halo_width=width, dtype=self.dtype, name=name)  # noqa: E731
+        make = lambda name: hpcgpu.Field(self.grid, arch, halo_width=width, dtype=self.dtype, name=name,  # noqa: E731
+                                         attributes=C_GRID_ATTRIBUTES[name])
         self.state = [make("h"), make("u"), make("v")]
         self.work = [[make("h"), make("u"), make("v")] for _ in range(2)]
         self.increment = [arch.zeros(f.data.shape, dtype=self.dtype) for f in self.state]

@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 import hpcgpu
-from apps.stencil.checkpointing import CheckpointedModel
+from apps.stencil.checkpointing import C_GRID_ATTRIBUTES, CheckpointedModel
 from apps.stencil.swe.boundaries import fill_channel_boundaries
 from apps.stencil.swe.diagnostics import DIAGNOSTIC_NAMES, local_diagnostics
 from apps.stencil.swe.initial_conditions import fill_initial_state, make_initial_condition
@@ -54,7 +54,8 @@ class SweModel(CheckpointedModel):
                     f"swe: every rank needs at least {width} cells along {name} (the stencil reach), but "
                     f"{self.grid} gives {self.grid.min_extent(axis)}; use fewer ranks along {name} (--dims) or a larger grid"
                 )
-        make = lambda name: hpcgpu.Field(self.grid, arch, halo_width=width, dtype=self.dtype, name=name)  # noqa: E731
+        make = lambda name: hpcgpu.Field(self.grid, arch, halo_width=width, dtype=self.dtype, name=name,  # noqa: E731
+                                         attributes=C_GRID_ATTRIBUTES[name])
         self.state = [make("h"), make("u"), make("v")]
         self.work = [[make("h"), make("u"), make("v")] for _ in range(2)]
         self.tile = tile_parameters(self.parameters, self.grid.local_start[0], self.grid.local_shape[0],
