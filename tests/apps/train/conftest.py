@@ -1,5 +1,6 @@
 """Fixtures and markers for the apps.train tests."""
 
+import h5py
 import numpy as np
 import pytest
 
@@ -20,3 +21,16 @@ def xp(request):
     if request.param == "numpy":
         return np
     return request.getfixturevalue("cupy")
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    """A small learnable HDF5 data set (x, y, x_test, y_test)."""
+    rng = np.random.default_rng(0)
+    projections = rng.standard_normal((12, 4))
+    path = tmp_path_factory.mktemp("data") / "small.h5"
+    with h5py.File(path, "w") as handle:
+        for prefix, count in (("", 240), ("_test", 60)):
+            x = rng.standard_normal((count, 12)).astype(np.float32)
+            handle[f"x{prefix}"], handle[f"y{prefix}"] = x, np.argmax(x @ projections, axis=1)
+    return str(path)

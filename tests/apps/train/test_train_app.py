@@ -4,7 +4,6 @@ import json
 import subprocess
 import sys
 
-import h5py
 import numpy as np
 import pytest
 
@@ -13,19 +12,6 @@ from hpcgpu.launch import run_mpi
 
 SMALL = ["--model", "large-mlp", "--depth", "2", "--width", "32", "--batch-size", "24", "--no-plot",
          "--eval-every", "5", "--warmup", "3"]
-
-
-@pytest.fixture(scope="module")
-def data_file(tmp_path_factory):
-    """A small learnable HDF5 data set (x, y, x_test, y_test)."""
-    rng = np.random.default_rng(0)
-    projections = rng.standard_normal((12, 4))
-    path = tmp_path_factory.mktemp("data") / "small.h5"
-    with h5py.File(path, "w") as handle:
-        for prefix, count in (("", 240), ("_test", 60)):
-            x = rng.standard_normal((count, 12)).astype(np.float32)
-            handle[f"x{prefix}"], handle[f"y{prefix}"] = x, np.argmax(x @ projections, axis=1)
-    return str(path)
 
 
 def run_app(tmp_path, n_ranks, *args, name="run", expect=0, timeout=120):

@@ -3,7 +3,6 @@
 import json
 import sys
 
-import h5py
 import numpy as np
 import pytest
 
@@ -14,18 +13,6 @@ from hpcgpu.launch import run_mpi
 
 SMALL = ["--model", "large-mlp", "--depth", "2", "--width", "16", "--batch-size", "24", "--no-plot",
          "--eval-every", "0", "--warmup", "2", "--backend", "numpy"]
-
-
-@pytest.fixture(scope="module")
-def data_file(tmp_path_factory):
-    rng = np.random.default_rng(0)
-    projections = rng.standard_normal((12, 4))
-    path = tmp_path_factory.mktemp("data") / "small.h5"
-    with h5py.File(path, "w") as handle:
-        for prefix, count in (("", 240), ("_test", 60)):
-            x = rng.standard_normal((count, 12)).astype(np.float32)
-            handle[f"x{prefix}"], handle[f"y{prefix}"] = x, np.argmax(x @ projections, axis=1)
-    return str(path)
 
 
 def train(tmp_path, n_ranks, *args, name="run", expect=0, quiet=True):
