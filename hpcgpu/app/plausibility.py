@@ -43,7 +43,8 @@ def _measured_copy_bandwidth(device_id: int) -> float:
         target = cupy.empty_like(source)
         stream = cupy.cuda.get_current_stream()
         best = float("inf")
-        for _ in range(6):   # the first copy warms up; the best of the others counts
+        cupy.copyto(target, source)   # warm-up (kernel load, first touch)
+        for _ in range(5):            # the best of five copies counts
             start, stop = cupy.cuda.Event(), cupy.cuda.Event()
             start.record(stream)
             cupy.copyto(target, source)
