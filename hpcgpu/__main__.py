@@ -27,6 +27,9 @@ def main(argv=None) -> int:
     )
     info.add_argument("--backend", choices=("auto", "cupy", "numpy"), default="auto", help="backend to probe (default: auto)")
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    from hpcgpu.info import add_arguments as add_topology_arguments   # needs no MPI (--help works without one)
+
+    add_topology_arguments(info)
     commands.add_parser(
         "jobscript", add_help=False,
         help="write a Slurm script for an app (one rank per GPU), or list / copy the shipped templates "

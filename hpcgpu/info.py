@@ -285,10 +285,9 @@ def main(args) -> int:
 
     comm = hpcgpu.Communicator()
     with hpcgpu.abort_on_error(comm):
-        # getattr: callers that build args without add_arguments() get the plain report.
-        report = collect(comm, backend=args.backend, nccl_topology=getattr(args, "nccl_topology", False))
+        report = collect(comm, backend=args.backend, nccl_topology=args.nccl_topology)
         if comm.rank == 0:
-            if getattr(args, "apply", False):
+            if args.apply:
                 text = format_exports(report)
             else:
                 text = json.dumps(report, indent=2) if args.json else format_report(report)
