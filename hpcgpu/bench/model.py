@@ -35,10 +35,15 @@ What the model leaves out, and where it misses, is in docs/scaling-model.md.
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
+
+from hpcgpu.errors import ConfigurationError
 
 OVERLAP_MODES = ("interior", "none", "full")
 
@@ -382,7 +387,8 @@ def predict(recipe, n_gpus: int, mode: str, machine: Machine, baseline: Predicti
                       for dims in ([tuple(dims)] if dims else _layouts(recipe, n_gpus, mode))
                       for tile in node_tiles(dims, machine.gpus_per_node)]
         if not candidates:
-            raise ValueError(f"{recipe.name}: {n_gpus} GPUs cannot split {recipe.shape}; use fewer GPUs")
+            raise ConfigurationError(f"{recipe.name}: {n_gpus} GPUs cannot split {recipe.shape} (at least one cell "
+                                     "per GPU along every axis); use fewer GPUs")
         best = min(candidates, key=lambda p: (p.compute + p.exposed, p.communication))
     best.seconds_per_step = best.compute + best.exposed
     if baseline is None:
@@ -408,9 +414,10 @@ def with_measurement(recipes: dict, summary: dict) -> tuple[dict, str]:
     """
     for key in ("app", "steps", "wall_seconds"):
         if key not in summary:
-            raise ValueError(f"--measured: the summary has no {key!r}; expected the JSON an app writes with --summary")
+            raise ConfigurationError(f"--measured: the summary has no {key!r}; "
+                                     "expected the JSON an app writes with --summary")
     if int(summary.get("n_ranks", 1)) != 1:
-        raise ValueError(f"--measured: expected a one-rank summary (the model's input), found n_ranks="
+        raise ConfigurationError(f"--measured: expected a one-rank summary (the model's input), found n_ranks="
                          f"{summary['n_ranks']}; rerun the app on one GPU with --summary")
     steps = max(int(summary["steps"]), 1)
     communication = summary.get("timers", {}).get("communication", {}).get("mean", 0.0)
@@ -422,7 +429,8 @@ def with_measurement(recipes: dict, summary: dict) -> tuple[dict, str]:
     if app == "stencil":
         name = summary.get("model", "jacobi")
         if name not in recipes:
-            raise ValueError(f"--measured: stencil model {name!r} has no recipe; expected one of jacobi, swe, heat3d")
+            raise ConfigurationError(f"--measured: stencil model {name!r} has no recipe; "
+                                     "expected one of jacobi, swe, heat3d")
         shape = tuple(int(n) for n in summary.get("decomposition", {}).get("global_shape", recipes[name].shape))
         sizes = {"float32": 4, "fp32": 4, "float64": 8, "fp64": 8}
         itemsize = sizes.get(summary.get("precision"), recipes[name].itemsize)
@@ -435,7 +443,7 @@ def with_measurement(recipes: dict, summary: dict) -> tuple[dict, str]:
         name = "train-fp16" if str(summary.get("precision", "")).endswith("16") else "train-fp32"
         recipes[name] = replace(recipes[name], seconds_per_step=seconds, source=source)
     else:
-        raise ValueError(f"--measured: app {summary['app']!r} has no recipe; "
+        raise ConfigurationError(f"--measured: app {summary['app']!r} has no recipe; "
                          "expected apps.stencil, apps.md or apps.train")
     return recipes, name
 
@@ -628,25 +636,56 @@ def write_plot(path, results: dict, results_without: dict | None = None) -> None
 
 
 def main(args) -> int:
-    import json
-    from pathlib import Path
+    """The ``model`` subcommand: 0 on success, 2 on bad input (one message saying what to change)."""
+    try:
+        machine, recipes, names, modes, gpus = _parse(args)
+        return _report(args, machine, recipes, names, modes, gpus)
+    except ConfigurationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
+
+def _parse(args):
+    """Validate the options; returns (machine, recipes, names, modes, gpus) or raises ConfigurationError."""
+    numbers = {"--gpus-per-node": args.gpus_per_node, "--intra-bandwidth-gbs": args.intra_bandwidth_gbs,
+               "--nics": args.nics, "--nic-gbits": args.nic_gbits, "--allreduce-bus-gbs": args.allreduce_bus_gbs}
+    for flag, value in numbers.items():
+        if not value > 0:
+            raise ConfigurationError(f"{flag} {value}: expected a positive number")
+    for flag, value in {"--intra-latency-us": args.intra_latency_us, "--inter-latency-us": args.inter_latency_us,
+                        "--allreduce-hop-latency-us": args.allreduce_hop_latency_us}.items():
+        if value < 0:
+            raise ConfigurationError(f"{flag} {value}: expected a latency >= 0 microseconds")
     machine = machine_from_args(args)
     recipes = default_recipes()
     if args.measured:
-        recipes, replaced = with_measurement(recipes, json.loads(Path(args.measured).read_text()))
+        try:
+            summary = json.loads(Path(args.measured).read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigurationError(f"--measured {args.measured}: expected an app's --summary JSON, could not "
+                                     f"read it ({exc}); write one with `python -m apps.NAME ... --summary FILE.json`"
+                                     ) from None
+        recipes, replaced = with_measurement(recipes, summary)
         print(f"input for {replaced} replaced by {args.measured}")
     names = [n.strip() for n in args.apps.split(",") if n.strip()]
     unknown = [n for n in names if n not in recipes]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if unknown or not names:
-        raise SystemExit(f"--apps: unknown {unknown}; expected a comma list of {', '.join(recipes)}")
+        raise ConfigurationError(f"--apps {args.apps!r}: unknown {unknown}; expected a comma list of "
+                                 f"{', '.join(recipes)}")
     if not modes or any(m not in ("strong", "weak") for m in modes):
-        raise SystemExit(f"--modes {args.modes!r}: expected strong, weak or strong,weak")
+        raise ConfigurationError(f"--modes {args.modes!r}: expected strong, weak or strong,weak")
     try:
         gpus = sorted({int(n) for n in args.gpus.split(",") if n.strip()} | {1})
     except ValueError:
-        raise SystemExit(f"--gpus {args.gpus!r}: expected a comma list of GPU counts like 1,2,8,64") from None
+        gpus = [0]
+    if gpus[0] < 1:
+        raise ConfigurationError(f"--gpus {args.gpus!r}: expected a comma list of positive GPU counts like 1,2,8,64")
+    return machine, recipes, names, modes, gpus
+
+
+def _report(args, machine: Machine, recipes: dict, names: list[str], modes: list[str], gpus: list[int]) -> int:
+    """Print the tables and the validation; write --json and --plot."""
     print("Scaling model (hpcgpu.bench.model): predicted, not measured. Assumptions:")
     for line in machine.describe():
         print(f"  - {line}")
@@ -658,8 +697,10 @@ def main(args) -> int:
         for mode in modes:
             print(f"-- {mode} scaling" + (" (same problem)" if mode == "strong" else " (same work per GPU)"))
             print(format_table(results[name][mode]))
-    validation = validate(recipes, machine)
-    print("\nValidation against multi-GPU measurements (2 H200 on NVLink; docs/performance.md):")
+    # The measurements were made with the default inputs (one H200), not with a --measured summary.
+    validation = validate(default_recipes(), machine)
+    print("\nValidation against multi-GPU measurements (2 H200 on NVLink; docs/performance.md; "
+          "default one-GPU inputs):")
     print(format_validation(validation, machine.overlap))
     if args.json:
         document = {"assumptions": machine.describe(), "machine": machine.__dict__,

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from hpcgpu.bench.__main__ import main as bench_main
+from hpcgpu.errors import ConfigurationError
 from hpcgpu.bench.model import (Machine, default_recipes, halo_face_bytes, predict, predict_series,
                                 ring_allreduce_seconds, split_neighbours, validate, with_measurement)
 
@@ -108,8 +109,16 @@ def test_measured_summary_replaces_the_input(tmp_path):
     recipes, name = with_measurement(default_recipes(), summary)
     assert name == "jacobi" and recipes["jacobi"].shape == (1024, 512) and recipes["jacobi"].itemsize == 8
     assert predict(recipes["jacobi"], 1, "strong", Machine()).seconds_per_step == pytest.approx(0.2)
-    with pytest.raises(ValueError, match="one-rank"):
+    with pytest.raises(ConfigurationError, match="one-rank"):
         with_measurement(default_recipes(), {**summary, "n_ranks": 2})
+
+
+@pytest.mark.parametrize("argv, message", [(["--apps", "lbm"], "--apps"), (["--gpus", "0,2"], "--gpus"),
+                                            (["--nic-gbits", "0"], "--nic-gbits"),
+                                            (["--measured", "/nonexistent.json"], "--measured")])
+def test_cli_bad_input_says_what_to_change(argv, message, capsys):
+    assert bench_main(["model", *argv]) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_cli_prints_tables_and_writes_json(tmp_path, capsys):
