@@ -28,14 +28,14 @@ def split_extents(n_cells: int, n_blocks: int) -> list[int]:
     return [base + 1 if i < remainder else base for i in range(n_blocks)]
 
 
-def _factorizations(n: int, n_axes: int):
+def factorizations(n: int, n_axes: int):
     """All ordered tuples of ``n_axes`` positive integers whose product is ``n``."""
     if n_axes == 1:
         yield (n,)
         return
     for first in range(1, n + 1):
         if n % first == 0:
-            for rest in _factorizations(n // first, n_axes - 1):
+            for rest in factorizations(n // first, n_axes - 1):
                 yield (first,) + rest
 
 
@@ -62,7 +62,7 @@ def choose_dims(n_ranks: int, global_shape: Sequence[int], dims: Sequence | None
         if not isinstance(d, int) or d < 0:
             raise DecompositionError(f"dims entries must be positive integers or 0/'*', got {dims!r}")
     best, best_cost = None, None
-    for candidate in _factorizations(n_ranks, ndim):
+    for candidate in factorizations(n_ranks, ndim):
         if any(r and r != c for r, c in zip(requested, candidate)):
             continue
         if any(c > n for c, n in zip(candidate, global_shape)):

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcgpu.decomposition import factorizations
 from hpcgpu.errors import ConfigurationError
 
 OVERLAP_MODES = ("interior", "none", "full")
@@ -209,17 +210,6 @@ class Prediction:
 
 
 # -- pieces of the recipes -----------------------------------------------------------------------------
-
-
-def factorizations(n: int, n_axes: int):
-    """Every ordered tuple of ``n_axes`` positive integers whose product is ``n``."""
-    if n_axes == 1:
-        yield (n,)
-        return
-    for first in range(1, n + 1):
-        if n % first == 0:
-            for rest in factorizations(n // first, n_axes - 1):
-                yield (first, *rest)
 
 
 def neighbours_per_axis(dims, periodic) -> list[int]:
