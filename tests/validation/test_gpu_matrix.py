@@ -12,12 +12,15 @@ report:
 * on two or more GPUs: the distributed run equals the one-GPU run (and each transport the other).
 
 Runs are cached per command within the session, so one run serves several comparisons. Run on the GPU
-machine with ``python -m pytest tests -m gpu`` (docs/testing.md).
+machine with ``python -m pytest tests -m gpu`` (docs/testing.md). With ``HPCGPU_CHECKSUM_RECORD=FILE``
+every run's checksum is also written to FILE, so two trees can be compared run by run with
+``python tests/validation/record_checksums.py --diff BEFORE AFTER``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -49,7 +52,18 @@ def run_app(run_dir: Path, app: str, args: list[str], ranks: int = 1, timeout: f
             pytest.fail(f"{' '.join(command)} on {ranks} rank(s) failed (exit {result.returncode}"
                         f"{', timed out' if result.timed_out else ''}):\n{result.output[-4000:]}", pytrace=False)
         _runs[key] = json.loads(summary.read_text())
+        record_checksum(f"{ranks} rank(s): python -m apps.{app} {' '.join(args)}", _runs[key]["checksum"])
     return _runs[key]
+
+
+def record_checksum(key: str, checksum: str) -> None:
+    """Add one run to the ``HPCGPU_CHECKSUM_RECORD`` file, if set (a JSON object: command -> checksum)."""
+    path = os.environ.get("HPCGPU_CHECKSUM_RECORD")
+    if not path:
+        return
+    recorded = json.loads(Path(path).read_text()) if Path(path).exists() else {}
+    recorded[key] = checksum
+    Path(path).write_text(json.dumps(recorded, indent=1) + "\n")
 
 
 def same_checksum(*summaries) -> None:
