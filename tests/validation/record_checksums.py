@@ -63,17 +63,21 @@ def run_case(app: str, args: list[str], ranks: int, workdir: Path) -> str:
     return json.loads(summary.read_text())["checksum"]
 
 
-def run_all() -> dict:
+def run_all(only: str | None = None) -> dict:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for app, args, ranks in CPU_CASES:
             key = case_key(app, args, ranks)
+            if only and only not in key:
+                continue
             results[key] = run_case(app, args, ranks, Path(tmp))
             print(f"{results[key][:16]}  {key}", flush=True)
     return results
 
 
-def diff(before: dict, after: dict) -> int:
+def diff(before: dict, after: dict, only: bool = False) -> int:
+    if only:  # a partial run: compare the cases that ran
+        before = {key: before[key] for key in before if key in after}
     changed = [key for key in before if key in after and before[key] != after[key]]
     missing = [key for key in before if key not in after]
     for key in changed:
@@ -91,14 +95,15 @@ def main(argv=None) -> int:
     group.add_argument("--record", metavar="FILE", help="run the CPU cases and write their checksums to FILE")
     group.add_argument("--compare", metavar="FILE", help="run the CPU cases and compare with FILE")
     group.add_argument("--diff", nargs=2, metavar=("BEFORE", "AFTER"), help="compare two recordings")
+    parser.add_argument("--only", metavar="TEXT", help="run only the cases whose command contains TEXT, e.g. 'apps.md'")
     options = parser.parse_args(argv)
     if options.diff:
         return diff(*(json.loads(Path(p).read_text()) for p in options.diff))
-    results = run_all()
+    results = run_all(options.only)
     if options.record:
         Path(options.record).write_text(json.dumps(results, indent=1) + "\n")
         return 0
-    return diff(json.loads(Path(options.compare).read_text()), results)
+    return diff(json.loads(Path(options.compare).read_text()), results, only=bool(options.only))
 
 
 if __name__ == "__main__":
