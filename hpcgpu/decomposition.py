@@ -9,78 +9,24 @@ blocks, every block gets ``n // p`` cells and the first ``n % p`` blocks one mor
 Neighbours are addressed by offsets in {-1, 0, +1} per axis, diagonals included (``(1, -1)`` is the
 rank one block up in y and one block left in x). At a non-periodic domain edge the neighbour is
 ``None`` (MPI's ``PROC_NULL``); on a periodic axis with one block a rank is its own neighbour.
+
+Which rank owns which block: on one node, the rank order (rank r owns the block at
+``numpy.unravel_index(r, dims)``). When the ranks span several nodes (read from the shared-memory
+split, or simulated with ``HPCGPU_SIMULATE_NODES``), each node's ranks get a compact box of blocks
+so that most halo bytes stay inside nodes (:mod:`hpcgpu.decomposition_nodes`); the blocks themselves,
+and hence results gathered in global order, do not change.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from typing import Sequence
 
+from hpcgpu.decomposition_nodes import NodeLayout, gather_node_of_rank, make_cartcomm, node_aware_layout
+from hpcgpu.decomposition_shape import WILDCARDS, choose_dims, factorizations, split_extents
 from hpcgpu.errors import DecompositionError
 
-WILDCARDS = (0, None, "*")
-
-
-def split_extents(n_cells: int, n_blocks: int) -> list[int]:
-    """Cells per block when ``n_cells`` are cut into ``n_blocks`` (remainder to the first blocks)."""
-    base, remainder = divmod(n_cells, n_blocks)
-    return [base + 1 if i < remainder else base for i in range(n_blocks)]
-
-
-def factorizations(n: int, n_axes: int):
-    """All ordered tuples of ``n_axes`` positive integers whose product is ``n``."""
-    if n_axes == 1:
-        yield (n,)
-        return
-    for first in range(1, n + 1):
-        if n % first == 0:
-            for rest in factorizations(n // first, n_axes - 1):
-                yield (first,) + rest
-
-
-def choose_dims(n_ranks: int, global_shape: Sequence[int], dims: Sequence | None = None) -> tuple[int, ...]:
-    """Choose blocks per axis for ``n_ranks`` ranks, honouring fixed entries of ``dims``.
-
-    Entries of ``dims`` that are 0, None or "*" are free. Among all factorizations of ``n_ranks`` that
-    match the fixed entries and give every block at least one cell, the one that moves the fewest
-    halo cells (the total area of cuts) wins; ties go to more blocks on the slower (earlier) axes.
-
-    Raises
-    ------
-    DecompositionError
-        If no such factorization exists; the message lists what would work.
-    """
-    ndim = len(global_shape)
-    requested = tuple(WILDCARDS[0] if d in WILDCARDS else d for d in (dims or (0,) * ndim))
-    if len(requested) != ndim:
-        raise DecompositionError(
-            f"dims has {len(requested)} entries but the grid has {ndim} axes (global_shape={tuple(global_shape)}); "
-            "give one entry per axis, with 0 or '*' for 'choose for me'"
-        )
-    for d in requested:
-        if not isinstance(d, int) or d < 0:
-            raise DecompositionError(f"dims entries must be positive integers or 0/'*', got {dims!r}")
-    best, best_cost = None, None
-    for candidate in factorizations(n_ranks, ndim):
-        if any(r and r != c for r, c in zip(requested, candidate)):
-            continue
-        if any(c > n for c, n in zip(candidate, global_shape)):
-            continue
-        cut_area = sum(
-            (c - 1) * math.prod(n for b, n in enumerate(global_shape) if b != a) for a, c in enumerate(candidate)
-        )
-        cost = (cut_area, tuple(-c for c in candidate))
-        if best_cost is None or cost < best_cost:
-            best, best_cost = candidate, cost
-    if best is None:
-        raise DecompositionError(
-            f"cannot split a grid of shape {tuple(global_shape)} over {n_ranks} ranks with dims={tuple(dims or ())}: "
-            f"expected the fixed dims to divide {n_ranks} and every axis to have at least as many cells as "
-            "blocks. Use fewer ranks, a larger grid, or leave dims free (0 or '*')."
-        )
-    return best
-
+__all__ = ["Decomposition", "WILDCARDS", "choose_dims", "factorizations", "split_extents"]
 
 class Decomposition:
     """An N-d Cartesian decomposition of a global grid over the ranks of a communicator.
@@ -94,6 +40,9 @@ class Decomposition:
         Blocks per axis; 0, None or "*" entries are chosen automatically (all free by default).
     periodic : bool or tuple of bool, optional
         Periodicity per axis (a single bool applies to all axes). Default: not periodic.
+    node_aware : bool, optional
+        On several nodes, place each node's ranks on a compact box of blocks when that moves fewer halo
+        bytes between nodes than the rank order (default True). No effect on one node.
 
     Attributes
     ----------
@@ -101,10 +50,15 @@ class Decomposition:
     local_shape, local_start, local_stop : tuple of int
         Extent of this rank's block and its first / one-past-last global index per axis.
     cart : mpi4py.MPI.Cartcomm
-        The Cartesian communicator (rank order of ``comm`` is kept: no reordering).
+        The Cartesian communicator; its ranks are those of ``comm``. With a node-aware placement, a
+        duplicate of ``comm`` with ``Get_coords`` / ``Get_cart_rank`` for that placement.
+    node_layout : hpcgpu.decomposition_nodes.NodeLayout
+        Node of every rank, the block each owns and the halo bytes inside / between nodes (for halo
+        width 1, 8 bytes per cell; :func:`hpcgpu.decomposition_nodes.header_line` for other values).
     """
 
-    def __init__(self, comm, global_shape: Sequence[int], dims: Sequence | None = None, periodic=False):
+    def __init__(self, comm, global_shape: Sequence[int], dims: Sequence | None = None, periodic=False,
+                 node_aware: bool = True):
         self.comm = comm
         self.global_shape = tuple(int(n) for n in global_shape)
         self.ndim = len(self.global_shape)
@@ -117,8 +71,20 @@ class Decomposition:
             raise DecompositionError(
                 f"periodic has {len(self.periodic)} entries but global_shape {self.global_shape} has {self.ndim} axes"
             )
+        if not isinstance(node_aware, bool):
+            raise DecompositionError(f"node_aware must be True or False, got {node_aware!r}")
         self.dims = choose_dims(comm.size, self.global_shape, dims)
-        self.cart = comm.mpi.Create_cart(list(self.dims), periods=list(self.periodic), reorder=False)
+        node_of_rank = gather_node_of_rank(comm)   # collective; every rank gets the same tuple
+        n_nodes = len(set(node_of_rank))
+        self.node_layout: NodeLayout = node_aware_layout(
+            n_nodes, max(node_of_rank.count(n) for n in range(n_nodes)), self.global_shape, self.periodic,
+            dims=self.dims, node_of_rank=node_of_rank)
+        if not node_aware:
+            self.node_layout = self.node_layout.rank_order()
+        if self.node_layout.is_rank_order:   # one node, or nothing to gain: exactly the layout of old
+            self.cart = comm.mpi.Create_cart(list(self.dims), periods=list(self.periodic), reorder=False)
+        else:
+            self.cart = make_cartcomm(comm, self.node_layout)
         self.coords = tuple(self.cart.Get_coords(comm.rank))
         self._extents = [split_extents(n, p) for n, p in zip(self.global_shape, self.dims)]
         self._starts = [list(itertools.accumulate([0] + e[:-1])) for e in self._extents]
