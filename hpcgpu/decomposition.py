@@ -22,7 +22,8 @@ from __future__ import annotations
 import itertools
 from typing import Sequence
 
-from hpcgpu.decomposition_nodes import NodeLayout, gather_node_of_rank, make_cartcomm, node_aware_layout
+from hpcgpu.decomposition_comm import gather_node_of_rank, make_cartcomm
+from hpcgpu.decomposition_nodes import NodeLayout, node_aware_layout
 from hpcgpu.decomposition_shape import WILDCARDS, choose_dims, factorizations, split_extents
 from hpcgpu.errors import DecompositionError
 

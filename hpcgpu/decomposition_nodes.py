@@ -20,7 +20,8 @@ and hence the apps' checksums, are identical with and without node-aware placeme
 Testing on one host
 -------------------
 ``HPCGPU_SIMULATE_NODES=K`` (read on rank 0) splits the ranks into K pretend nodes for the placement
-and for :func:`header_line` only; GPU selection keeps using the real node-local rank. ``K`` or
+and for :func:`header_line` only (read by :mod:`hpcgpu.decomposition_comm`); GPU selection keeps
+using the real node-local rank. ``K`` or
 ``K:block``: ranks ``0 .. n/K-1`` on node 0 and so on (sizes differ by at most one); ``K:cyclic``:
 rank r on node ``r % K`` (a round-robin launcher). See docs/multinode.md.
 """
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -37,9 +37,6 @@ import numpy as np
 
 from hpcgpu.decomposition_shape import choose_dims, factorizations, split_extents
 from hpcgpu.errors import DecompositionError
-
-SIMULATE_NODES_ENV = "HPCGPU_SIMULATE_NODES"
-
 
 # ---------------------------------------------------------------------------------------------- traffic
 def _directions(ndim: int, corners: bool):
@@ -204,7 +201,7 @@ def _node_grid(dims, position_of_rank, node_of_rank) -> np.ndarray:
     return grid
 
 
-def _normalise_nodes(node_of_rank) -> tuple[int, ...]:
+def normalise_nodes(node_of_rank) -> tuple[int, ...]:
     """Relabel nodes 0, 1, ... in the order of their lowest rank (as hpcgpu.Communicator numbers them)."""
     labels: dict = {}
     return tuple(labels.setdefault(label, len(labels)) for label in node_of_rank)
@@ -283,7 +280,7 @@ def node_aware_layout(n_nodes: int, gpus_per_node: int, global_shape: Sequence[i
             raise DecompositionError(f"n_nodes and gpus_per_node must be positive integers, got {n_nodes!r} and "
                                      f"{gpus_per_node!r}")
         node_of_rank = [rank // gpus_per_node for rank in range(n_nodes * gpus_per_node)]
-    nodes = _normalise_nodes(node_of_rank)
+    nodes = normalise_nodes(node_of_rank)
     counts = [nodes.count(node) for node in range(len(set(nodes)))]
     if len(counts) != n_nodes or max(counts) > gpus_per_node:
         raise DecompositionError(
@@ -351,70 +348,3 @@ def header_line(grid, halo_width=1, itemsize: int = 8, exchanges_per_step: int =
     if layout is None or layout.n_nodes < 2:
         return None
     return describe_node_traffic(layout.with_traffic(halo_width, itemsize, corners), exchanges_per_step)
-
-
-# ---------------------------------------------------------------------------------------------- ranks
-def simulated_nodes(setting: str, n_ranks: int) -> tuple[int, ...]:
-    """Node of every rank for ``HPCGPU_SIMULATE_NODES`` = ``K``, ``K:block`` or ``K:cyclic``."""
-    count, _, pattern = str(setting).strip().partition(":")
-    pattern = pattern.strip() or "block"
-    try:
-        n_nodes = int(count)
-    except ValueError:
-        n_nodes = 0
-    if not 1 <= n_nodes <= n_ranks or pattern not in ("block", "cyclic"):
-        raise DecompositionError(
-            f"{SIMULATE_NODES_ENV}={setting!r}: expected K, K:block or K:cyclic with 1 <= K <= {n_ranks} (the number "
-            f"of ranks); set it to e.g. 2 or 2:cyclic, or unset it to use the real nodes")
-    if pattern == "cyclic":
-        return tuple(rank % n_nodes for rank in range(n_ranks))
-    return tuple(rank * n_nodes // n_ranks for rank in range(n_ranks))
-
-
-def gather_node_of_rank(comm) -> tuple[int, ...]:
-    """Collective: node index of every rank of ``comm`` (an :class:`hpcgpu.Communicator`).
-
-    Read from the shared-memory split (``comm.node_index``, from ``Split_type(COMM_TYPE_SHARED)``),
-    unless ``HPCGPU_SIMULATE_NODES`` is set on rank 0: then the simulated nodes (the same on every rank).
-    """
-    node_index = getattr(comm, "node_index", None)
-    if node_index is None:
-        from mpi4py import MPI
-
-        shared = comm.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
-        node_index = shared.allreduce(comm.rank, op=MPI.MIN)   # lowest rank of the node labels it
-        shared.Free()
-    setting = os.environ.get(SIMULATE_NODES_ENV, "") if comm.rank == 0 else None
-    gathered = comm.mpi.allgather((node_index, setting))
-    if gathered[0][1]:
-        return simulated_nodes(gathered[0][1], comm.size)
-    return _normalise_nodes(node for node, _ in gathered)
-
-
-def make_cartcomm(comm, layout: NodeLayout):
-    """A communicator that answers like a Cartesian one for ``layout`` (``Get_coords``, ``Get_cart_rank``)
-    while keeping the ranks of ``comm``: MPI's own Cartcomm ties coordinates to rank order."""
-    from mpi4py import MPI
-
-    class NodeAwareCartcomm(MPI.Intracomm):
-        """A duplicate of the decomposition's communicator whose rank r sits at ``position_of_rank[r]``."""
-
-        dims = layout.dims
-        periods = tuple(int(p) for p in layout.periodic)
-        ndim = len(layout.dims)
-        _rank_of = {position: rank for rank, position in enumerate(layout.position_of_rank)}
-
-        def Get_coords(self, rank):
-            return list(layout.position_of_rank[rank])
-
-        def Get_cart_rank(self, coords):
-            wrapped = tuple(c % d if p else c for c, d, p in zip(coords, self.dims, self.periods))
-            if any(not 0 <= c < d for c, d in zip(wrapped, self.dims)):
-                raise DecompositionError(f"coordinates {tuple(coords)} are outside the process grid {self.dims}")
-            return self._rank_of[wrapped]
-
-        @property
-        def coords(self):
-            return self.Get_coords(self.Get_rank())
-
-    return NodeAwareCartcomm(comm.mpi.Dup())

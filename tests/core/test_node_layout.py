@@ -10,9 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from hpcgpu.decomposition_nodes import (
-    describe_node_traffic, halo_bytes, node_aware_layout, simulated_nodes,
-)
+from hpcgpu.decomposition_comm import simulated_nodes
+from hpcgpu.decomposition_nodes import describe_node_traffic, halo_bytes, node_aware_layout
 from hpcgpu.decomposition_shape import split_extents
 from hpcgpu.errors import DecompositionError
 
