@@ -49,6 +49,12 @@ class NumericalError(HpcgpuError):
     """The simulation state became invalid (NaN/Inf) or a time step is unstable."""
 
 
+def replicated(error: HpcgpuError) -> HpcgpuError:
+    """Mark ``error`` as raised identically on every rank (see :attr:`HpcgpuError.replicated`); returns it."""
+    error.replicated = True
+    return error
+
+
 def rank_prefix(rank: int, size: int) -> str:
     """Return the ``[rank r/n]`` prefix used in rank-local messages."""
     return f"[rank {rank}/{size}]"
