@@ -25,10 +25,12 @@ whose fingerprint matches.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
-from hpcgpu.checkpoint import identity
+from hpcgpu.checkpoint import EXIT_REQUEUE, CheckpointManager, Preemption, identity
 from hpcgpu.errors import ConfigurationError
 
 #: How often (in steps) the ranks agree on whether to stop; one small allreduce each time.
@@ -54,9 +56,11 @@ RESTART_INDEPENDENT_OPTIONS = frozenset({
 
 
 def fingerprinted_options(options, excluded=RESTART_INDEPENDENT_OPTIONS) -> dict:
-    """The options of ``options`` (an ``argparse.Namespace``) that define the run's configuration,
-    keyed by their flag (``{"--nx": 36}``, so that a refusal names the flags that differ)."""
-    return {"--" + key.replace("_", "-"): value for key, value in sorted(vars(options).items()) if key not in excluded}
+    """The options of ``options`` (an ``argparse.Namespace`` or a mapping of destinations to values)
+    that define the run's configuration, keyed by their flag (``{"--nx": 36}``, so that a refusal
+    names the flags that differ)."""
+    values = options if isinstance(options, Mapping) else vars(options)
+    return {"--" + key.replace("_", "-"): value for key, value in sorted(values.items()) if key not in excluded}
 
 
 class RunControl:
@@ -78,8 +82,6 @@ class RunControl:
             A fresh run (no ``--restart``) in a checkpoint directory holding another run's
             checkpoints, without ``--share-checkpoint-dir`` (the same on every rank).
         """
-        from hpcgpu.checkpoint import EXIT_REQUEUE, CheckpointManager, Preemption
-
         self.comm, self.options, self.app = comm, options, app
         self.every = options.checkpoint_every
         self.loud = comm.rank == 0 and not quiet
@@ -186,8 +188,6 @@ class RunControl:
 
     def after_step(self, step: int, state_fn, timers=None) -> None:
         """Commit finished background writes, save every ``--checkpoint-every`` steps, honour stops."""
-        import contextlib
-
         phase = timers.phase("io") if timers is not None else contextlib.nullcontext()
         with phase:
             if self.manager.asynchronous:

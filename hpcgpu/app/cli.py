@@ -227,6 +227,46 @@ def _toml_repr(value) -> str:
     return repr(value)
 
 
+class FrozenOptions:
+    """Read-only options: the parsed flags with the app's own defaults filled in.
+
+    An app resolves its defaults once (``--nx`` from the model, ``--lr`` from the recipe) into a new
+    object instead of writing them into the parsed ``argparse.Namespace``; attribute access reads
+    like the namespace (``options.nx``), assignment raises.
+
+    Parameters
+    ----------
+    options : argparse.Namespace or FrozenOptions
+        The parsed options.
+    **changes
+        Resolved values that replace (or add to) those of ``options``.
+    """
+
+    __slots__ = ("_values",)
+
+    def __init__(self, options, **changes):
+        values = options.as_dict() if isinstance(options, FrozenOptions) else dict(vars(options))
+        values.update(changes)
+        object.__setattr__(self, "_values", values)
+
+    def __getattr__(self, name):
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"no option {name!r}") from None
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"options are read-only (tried to set {name!r}); resolve values into a new "
+                             "FrozenOptions(options, name=value)")
+
+    def as_dict(self) -> dict:
+        """A copy of the values, keyed by ``argparse`` destination."""
+        return dict(self._values)
+
+    def __repr__(self) -> str:
+        return f"FrozenOptions({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
+
+
 def parse_args(parser: AppArgumentParser, argv=None) -> argparse.Namespace:
     """Parse ``argv`` with values from ``--config`` as defaults.
 

@@ -9,12 +9,16 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import hpcgpu
+from hpcgpu.app.cli import FrozenOptions
+from hpcgpu.app.jsonio import write_json
+from hpcgpu.errors import ConfigurationError
+from hpcgpu.transport.nccl import nccl_version
+
 
 @functools.cache
 def git_commit() -> str | None:
     """The commit of the hpcgpu checkout in use (``$HPCGPU_GIT_COMMIT`` if set; None outside git)."""
-    import os
-
     if os.environ.get("HPCGPU_GIT_COMMIT"):
         # Set by job scripts that run a copy of the tree without .git (e.g. on a remote GPU machine).
         return os.environ["HPCGPU_GIT_COMMIT"]
@@ -40,9 +44,7 @@ def _version(module_name: str) -> str | None:
 
 def environment(comm, arch) -> dict:
     """Collective: software versions, MPI, CUDA/NCCL and the GPU models of all ranks."""
-    from mpi4py import MPI
-
-    import hpcgpu
+    from mpi4py import MPI   # here, not at import: --help and the path checks run without an MPI library
 
     facts = {
         "hpcgpu": hpcgpu.__version__,
@@ -60,8 +62,6 @@ def environment(comm, arch) -> dict:
     gpu = None
     if arch.is_gpu:
         import cupy
-
-        from hpcgpu.transport.nccl import nccl_version
 
         facts["cupy"] = cupy.__version__
         facts["cuda_runtime"] = cupy.cuda.runtime.runtimeGetVersion()
@@ -135,8 +135,6 @@ def check_output_paths(comm, options, files: dict | None = None) -> None:
     files in ``files`` (``{"--write-data": path}``). Rank 0 probes the file system (one node decides:
     outputs are written by rank 0, and the parallel file system is shared) and broadcasts the result.
     """
-    from hpcgpu.errors import ConfigurationError
-
     output = Path(options.output)
     checkpoints = getattr(options, "checkpoint_dir", None) or output / "checkpoints"
     paths = {"--output": (output, "dir"), "--checkpoint-dir": (checkpoints, "dir"),
@@ -155,18 +153,18 @@ def prepare_output(comm, arch, options, files: dict | None = None) -> Path:
     Raises :class:`~hpcgpu.errors.ConfigurationError` on every rank when ``--output``, the checkpoint
     directory, ``--summary`` or one of ``files`` (``{"--write-data": path}``) cannot be written (see
     :func:`check_output_paths`). Writes ``OUTPUT/environment.json`` =
-    ``{"environment": environment(comm, arch), "options": vars(options)}``, so that any result in the
+    ``{"environment": environment(comm, arch), "options": ...}`` (the options as resolved by the app
+    when ``options`` is a :class:`~hpcgpu.app.cli.FrozenOptions`), so that any result in the
     directory can be reproduced. Returns the output directory.
     """
-    from hpcgpu.app.summary import write_json
-
     check_output_paths(comm, options, files)
     output = Path(options.output)
     if comm.rank == 0:
         output.mkdir(parents=True, exist_ok=True)
     facts = environment(comm, arch)
     if comm.rank == 0:
-        write_json(output / "environment.json", {"environment": facts, "options": vars(options)})
+        recorded = options.as_dict() if isinstance(options, FrozenOptions) else vars(options)
+        write_json(output / "environment.json", {"environment": facts, "options": recorded})
     return output
 
 

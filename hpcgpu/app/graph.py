@@ -8,6 +8,8 @@ captured: the app asks its model (``capturable(n)``) before each replay.
 
 from __future__ import annotations
 
+import contextlib
+
 from hpcgpu.runtime.capture import capture_graph
 
 
@@ -15,8 +17,6 @@ class NullTimers:
     """Timers that record nothing (events cannot be timed inside a graph capture)."""
 
     def phase(self, name, stream=None):
-        import contextlib
-
         return contextlib.nullcontext()
 
 

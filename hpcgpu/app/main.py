@@ -13,6 +13,7 @@ import sys
 
 import hpcgpu
 from hpcgpu.app.cli import parse_args
+from hpcgpu.monitor import handle_profile_flag
 
 #: Environment variables in which launchers give a process its rank in MPI_COMM_WORLD, before MPI_Init:
 #: srun, Open MPI, MPICH/Intel MPI (hydra, PMI), Cray PALS, MVAPICH, Flux.
@@ -50,8 +51,6 @@ def run_app(name: str, build_parser, run, argv=None) -> int:
         # Before hpcgpu.Communicator(): importing mpi4py.MPI fails on a machine without an MPI library.
         build_parser(launcher_rank()).print_help()
         return 0
-    from hpcgpu.monitor import handle_profile_flag
-
     comm = hpcgpu.Communicator()
     with hpcgpu.abort_on_error(comm):
         options = parse_args(build_parser(comm.rank), argv)

@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import math
-from pathlib import Path
-
 import hpcgpu
 from hpcgpu.app.environment import git_commit
+from hpcgpu.app.jsonio import plain, write_json
 
-
-def _plain(value):
-    """JSON-safe: NumPy scalars to Python, NaN/Inf to strings."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
+__all__ = ["make_summary", "write_json"]
 
 
 def make_summary(*, app: str, backend: str, comm, decomposition, steps: int, wall_seconds: float,
@@ -44,12 +30,4 @@ def make_summary(*, app: str, backend: str, comm, decomposition, steps: int, wal
         "checksum": checksum,
     }
     record.update(extra or {})
-    return _plain(record)
-
-
-def write_json(path, record: dict) -> None:
-    """Write ``record`` as indented JSON (call on rank 0 only)."""
-    path = Path(path)
-    if path.parent != Path(""):
-        path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_plain(record), indent=2) + "\n")
+    return plain(record)

@@ -1,0 +1,17 @@
+"""The simulation driver: hpcgpu owns the run loop, an app brings its model.
+
+- :mod:`hpcgpu.simulation.model`      -- :class:`Model`, the interface a model implements
+- :mod:`hpcgpu.simulation.triggers`   -- when operations act (:class:`Periodic`, :class:`AtEnd` ...)
+- :mod:`hpcgpu.simulation.operations` -- NaN check, model output, progress, checkpoints
+- :mod:`hpcgpu.simulation.driver`     -- :class:`Simulation`, the one run loop
+
+See ``docs/architecture.md`` for the loop order and an example app.
+"""
+
+from hpcgpu.simulation.driver import Simulation, nccl_channel_limit, use_graphs
+from hpcgpu.simulation.model import Model
+from hpcgpu.simulation.operations import Operation, check_finite
+from hpcgpu.simulation.triggers import AtEnd, Periodic, Trigger
+
+__all__ = ["AtEnd", "Model", "Operation", "Periodic", "Simulation", "Trigger", "check_finite",
+           "nccl_channel_limit", "use_graphs"]
