@@ -10,7 +10,8 @@ launcher (``mpiexec``, or ``srun`` inside a Slurm allocation) with a timeout, an
   would choose (``hpcgpu.decomposition.choose_dims``), and that grid is passed as ``--dims``, so
   every rank owns exactly the baseline's block: stencil ``--nx/--ny/--nz`` and md ``--cells`` are
   multiplied per axis (atoms per rank constant, the cube-root rule made exact); train multiplies
-  the global ``--batch-size``.
+  the global ``--batch-size``. How each app is sized and grown is its *scaling recipe*
+  (``apps/<app>/scaling_recipe.py``, registered through :mod:`hpcgpu.bench.recipes`).
 
 Parallel efficiency compares throughput per rank with the baseline's (N0 ranks, usually 1)::
 
@@ -33,10 +34,8 @@ and prints the table last. Example::
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
-import math
 import os
 import shlex
 import shutil
@@ -44,35 +43,20 @@ import signal
 import subprocess
 import sys
 import time
-import importlib
-from dataclasses import dataclass
 from pathlib import Path
 
-from hpcgpu.decomposition import choose_dims
+from hpcgpu.bench.recipes import RunPlan, get_recipe, scaling_recipes
 from hpcgpu.errors import ConfigurationError
 
-MODULES = {"stencil": "apps.stencil", "md": "apps.md", "train": "apps.train"}
-
-#: Small default problems (they run on CPUs in seconds); flags after ``--`` override them.
-DEFAULT_APP_ARGS = {
-    "stencil": ["--model", "jacobi", "--steps", "200", "--no-plot"],   # jacobi 1024 x 1024: STENCIL_SIZES
-    "md": ["--cells", "10", "--steps", "50", "--no-plot"],
-    "train": ["--model", "mlp", "--steps", "50", "--batch-size", "128", "--eval-every", "0", "--no-plot"],
-}
+__all__ = ["RunPlan", "add_arguments", "analyse", "main", "make_row", "plan_series", "scaling_warnings"]
 
 #: Phases listed first, in this order; others (neighbor, thermo, ...) follow alphabetically.
 PHASE_ORDER = ("compute", "communication", "io", "host overhead")
 
-_ATOMS_PER_CELL = {"fcc": 4, "bcc": 2, "sc": 1}
-#: Grid of the default stencil problem when no --nx/--ny/--nz is given (other models: their own default).
-STENCIL_SIZES = {"jacobi": {"ny": 1024, "nx": 1024}}
-STENCIL_MODELS = {"jacobi": ("apps.stencil.jacobi.model", "JacobiModel"),
-                  "heat3d": ("apps.stencil.heat3d.model", "Heat3DModel"),
-                  "swe": ("apps.stencil.swe.model", "SweModel")}
-
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--app", choices=tuple(MODULES), required=True, help="which app to scale")
+    parser.add_argument("--app", choices=tuple(scaling_recipes()), required=True,
+                        help="which app to scale (apps register a recipe: hpcgpu.bench.recipes)")
     parser.add_argument("--ranks", default="1,2,4", help="comma list of rank counts; the smallest is the baseline [1,2,4]")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--strong", dest="mode", action="store_const", const="strong",
@@ -93,22 +77,6 @@ def add_arguments(parser) -> None:
 # -- planning ----------------------------------------------------------------------------------------------
 
 
-@dataclass
-class RunPlan:
-    """One run of the series: rank count, the app's arguments, and its problem size."""
-
-    n_ranks: int
-    app_args: list[str]
-    global_size: float          # cells, atoms, or samples per step, over all ranks
-    size_unit: str
-    description: str
-    error: str | None = None    # why this rank count cannot be planned
-
-    @property
-    def size_per_rank(self) -> float:
-        return self.global_size / self.n_ranks
-
-
 def parse_ranks(text: str) -> list[int]:
     try:
         ranks = sorted({int(part) for part in text.split(",") if part.strip()})
@@ -119,118 +87,17 @@ def parse_ranks(text: str) -> list[int]:
     return ranks
 
 
-def _dims_text(dims) -> str:
-    return ",".join(str(d) for d in dims)
-
-
-def _requested_dims(text, n_axes: int):
-    if text is None:
-        return None
-    values = tuple(0 if part.strip() in ("*", "0") else int(part) for part in text.split(","))
-    if len(values) != n_axes:
-        raise ConfigurationError(f"--dims {text!r}: expected {n_axes} entries")
-    return values
-
-
-def _replicate(base_shape, baseline_ranks: int, n_ranks: int, requested_dims):
-    """Weak scaling: (global shape, dims) giving every one of ``n_ranks`` the baseline's block."""
-    baseline_dims = choose_dims(baseline_ranks, base_shape, requested_dims)
-    block = [n // d for n, d in zip(base_shape, baseline_dims)]
-    dims = choose_dims(n_ranks, block, requested_dims)
-    return tuple(b * d for b, d in zip(block, dims)), dims
-
-
-def _split(app: str, extra_args: list[str], names: list[str]):
-    """(known values, passthrough args) of the app's defaults followed by the user's flags."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for name in names:
-        parser.add_argument(name, default=None)
-    known, rest = parser.parse_known_args(DEFAULT_APP_ARGS[app] + list(extra_args))
-    return known, rest
-
-
-def _stencil_plans(ranks, mode, extra_args):
-    known, rest = _split("stencil", extra_args, ["--model", "--nx", "--ny", "--nz", "--dims"])
-    model = known.model or "swe"
-    axes = ("nz", "ny", "nx") if model == "heat3d" else ("ny", "nx")
-    if any(getattr(known, axis) is None for axis in axes):
-        module, name = STENCIL_MODELS[model]   # the model class knows its default grid
-        defaults = STENCIL_SIZES.get(model) or getattr(importlib.import_module(module), name).default_shape
-        for axis in axes:
-            if getattr(known, axis) is None:
-                setattr(known, axis, defaults[axis])
-    base_shape = tuple(int(getattr(known, axis)) for axis in axes)
-    requested = _requested_dims(known.dims, len(axes))
-    plans = []
-    for n in ranks:
-        shape, dims = base_shape, requested
-        if mode == "weak":
-            try:
-                shape, dims = _replicate(base_shape, ranks[0], n, requested)
-            except ConfigurationError as exc:
-                plans.append(RunPlan(n, [], math.prod(base_shape) * n / ranks[0], "cells", "-", error=str(exc)))
-                continue
-        args = ["--model", model] + [a for axis, v in zip(axes, shape) for a in (f"--{axis}", str(v))]
-        if dims is not None:
-            args += ["--dims", _dims_text(dims)]
-        plans.append(RunPlan(n, args + rest, math.prod(shape), "cells", f"{model} {' x '.join(map(str, shape))} cells"))
-    return plans
-
-
-def _md_plans(ranks, mode, extra_args):
-    known, rest = _split("md", extra_args, ["--cells", "--dims", "--lattice", "--data"])
-    if known.data is not None:
-        if mode == "weak":
-            raise ConfigurationError("--weak with apps.md needs a lattice (--cells), not --data: a data file cannot "
-                                     "be grown with the rank count; use --strong")
-        rest += ["--data", known.data]
-    cells = [int(v) for v in known.cells.split(",")]
-    cells = cells * 3 if len(cells) == 1 else cells
-    lattice = known.lattice or "fcc"
-    requested = _requested_dims(known.dims, 3)
-    plans = []
-    for n in ranks:
-        shape, dims = tuple(cells), requested
-        if mode == "weak":
-            # choose_dims works in C order (z, y, x); apps.md's --cells and --dims are (x, y, z).
-            try:
-                shape_zyx, dims_zyx = _replicate(shape[::-1], ranks[0], n, None if requested is None else requested[::-1])
-            except ConfigurationError as exc:
-                plans.append(RunPlan(n, [], math.prod(shape) * _ATOMS_PER_CELL.get(lattice, 1) * n / ranks[0],
-                                     "atoms", "-", error=str(exc)))
-                continue
-            shape, dims = shape_zyx[::-1], dims_zyx[::-1]
-        args = ["--lattice", lattice, "--cells", _dims_text(shape)]
-        if dims is not None:
-            args += ["--dims", _dims_text(dims)]
-        n_atoms = math.prod(shape) * _ATOMS_PER_CELL.get(lattice, 1)
-        plans.append(RunPlan(n, args + rest, n_atoms, "atoms", f"{lattice} {' x '.join(map(str, shape))} cells, "
-                                                               f"{n_atoms} atoms"))
-    return plans
-
-
-def _train_plans(ranks, mode, extra_args):
-    known, rest = _split("train", extra_args, ["--batch-size"])
-    batch = int(known.batch_size)
-    plans = []
-    for n in ranks:
-        global_batch = batch * n // ranks[0] if mode == "weak" else batch
-        plans.append(RunPlan(n, ["--batch-size", str(global_batch)] + rest, global_batch, "samples/step",
-                             f"global batch {global_batch}"))
-    return plans
-
-
 def plan_series(app: str, ranks: list[int], mode: str, extra_args: list[str]) -> list[RunPlan]:
-    """The runs of a series: ``extra_args`` override :data:`DEFAULT_APP_ARGS`; sizes scaled for ``weak``.
+    """The runs of a series: ``extra_args`` override the app recipe's default flags; sizes scaled for ``weak``.
 
     Raises
     ------
     ConfigurationError
         When the options cannot be scaled (bad ``--dims``, ``--data`` with ``--weak``, ...).
     """
-    planner = {"stencil": _stencil_plans, "md": _md_plans, "train": _train_plans}[app]
+    recipe = get_recipe(app)
     try:
-        return planner(ranks, mode, extra_args)
+        return recipe.plan_fn(ranks, mode, list(recipe.default_args) + list(extra_args))
     except (ValueError, TypeError) as exc:
         raise ConfigurationError(f"cannot plan the {mode} series of apps.{app} from {shlex.join(extra_args)!r}: "
                                  f"{exc}") from None
@@ -274,7 +141,7 @@ def run_one(app: str, plan: RunPlan, launcher: str, run_dir: Path, timeout: floa
     run_dir.mkdir(parents=True, exist_ok=True)
     summary_path = run_dir / "summary.json"
     summary_path.unlink(missing_ok=True)   # a stale summary must not pass for this run's
-    args = [sys.executable, "-m", MODULES[app], *plan.app_args, "--output", str(run_dir), "--summary", str(summary_path)]
+    args = [sys.executable, "-m", get_recipe(app).module, *plan.app_args, "--output", str(run_dir), "--summary", str(summary_path)]
     if backend:
         args += ["--backend", backend]
     record = {"command": shlex.join(args), "log": str(run_dir / "log.txt"), "summary": None, "error": None}
@@ -527,7 +394,7 @@ def main(args) -> int:
     if args.dry_run:
         for plan in plans:
             print(f"{plan.n_ranks:>4} ranks: " + (f"cannot run: {plan.error}" if plan.error else
-                  f"{launcher} -n {plan.n_ranks} python -m {MODULES[args.app]} {shlex.join(plan.app_args)}"))
+                  f"{launcher} -n {plan.n_ranks} python -m {get_recipe(args.app).module} {shlex.join(plan.app_args)}"))
         return 0
     output.mkdir(parents=True, exist_ok=True)
     print(f"scaling study of {title}; launcher {launcher}; results in {output}", flush=True)
