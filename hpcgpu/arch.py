@@ -21,6 +21,24 @@ from hpcgpu.errors import BackendError, ConfigurationError
 BACKENDS = ("auto", "cupy", "numpy")
 
 
+def is_device_array(array) -> bool:
+    """True for a CuPy array (or any object of a ``cupy`` module), checked without importing CuPy.
+
+    The one test of "is this on the GPU?" for code that gets an array rather than an architecture;
+    with an architecture at hand, ``arch.is_gpu`` says the same.
+    """
+    return type(array).__module__.startswith("cupy")
+
+
+def array_module(array):
+    """``cupy`` for a CuPy array, ``numpy`` for anything else (CuPy imported only when needed)."""
+    if is_device_array(array):
+        import cupy
+
+        return cupy
+    return np
+
+
 class CPU:
     """Host architecture: NumPy arrays, Numba CPU kernels."""
 
