@@ -25,6 +25,8 @@ import numpy as np
 from hpcgpu.errors import HaloError
 from hpcgpu.halo.packing import indexed_copy
 from hpcgpu.halo.regions import directions, flat_indices, is_contiguous, region_slices
+from hpcgpu.transport import default_transport
+from hpcgpu.transport.events import ExchangeTransportState
 
 _TAG_STRIDE = 27  # 3**3 - 1 directions at most in 3D, plus one spare
 _serials = itertools.count()
@@ -91,10 +93,9 @@ class HaloExchange:
                         "ranks along that axis (dims), a larger grid, or a smaller halo_width."
                     )
         if transport is None:
-            from hpcgpu.transport import default_transport
-
-            transport = default_transport(grid.comm, arch)
+            transport = default_transport(grid.comm, arch)   # the job's choice (collective on first use)
         self.fields, self.grid, self.arch, self.transport = fields, grid, arch, transport
+        self.transport_state = ExchangeTransportState()   # filled by the transport on first use
         self.corners = corners
         self.graph = graph
         self._tag_base = (next(_serials) % 1000) * _TAG_STRIDE

@@ -24,7 +24,8 @@ the build. Its cost per step is one gather + shift on the sender, one MPI messag
 contiguous write on the receiver. With CuPy arrays everything stays on the device
 (:mod:`hpcgpu.particles.device_ghosts`): the build selects rows with one kernel and a prefix sum; a
 refresh is one gather kernel for periodic images of this rank's own particles plus, between ranks, one
-NCCL group of sends and receives (``HPCGPU_TRANSPORT=mpi-staged``: host-staged MPI instead). Builds
+NCCL group of sends and receives when the job's transport is ``nccl`` (:func:`use_nccl`; with
+``mpi-staged`` or ``mpi-cuda``, host-staged MPI instead). Builds
 between ranks send the 26 counts by MPI and the rows by NCCL, like a refresh (the host-staged MPI
 build remains for NumPy arrays and without NCCL).
 Ghost arrays are allocated to the exact sizes exchanged at each build, so nothing can overflow.
@@ -34,16 +35,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpcgpu.arch import is_device_array
 from hpcgpu.errors import DecompositionError
-from hpcgpu.particles import device_ghosts
+from hpcgpu.particles.device_ghosts import gather_ghosts, pack_rows, select_send_rows
 from hpcgpu.particles.messages import exchange, exchange_into
+from hpcgpu.transport.nccl import grouped_send_receive, nccl_communicator, nccl_message
+from hpcgpu.transport.selection import select_transport_for
 
 _GHOST_TAG = 7100  # + direction index (0..25); carried arrays use _CARRIED_TAG + 32 * array + direction
 _CARRIED_TAG = 7200
-
-
-def _is_cupy(array) -> bool:
-    return type(array).__module__.startswith("cupy")
 
 
 class GhostExchange:
@@ -76,13 +76,13 @@ class GhostExchange:
                 "from adjacent ranks only. Use fewer ranks or a larger system.")
         self.n_local = int(positions.shape[0])
         self.dtype = np.dtype(positions.dtype)
-        self.is_cupy = _is_cupy(positions)
+        self.is_cupy = is_device_array(positions)
         xp = self._xp()
         me = domain.mpi.Get_rank()
         lower, upper = domain.subbox.lower, domain.subbox.upper
         if self.is_cupy:
             # One flag kernel + prefix sum on the device: same rows, same order as the host loop below.
-            self.send_index, send_direction, self.send_counts = device_ghosts.select_send_rows(
+            self.send_index, send_direction, self.send_counts = select_send_rows(
                 positions, lower, upper, self.width, [n.offset for n in domain.neighbors])
             shift_table = xp.asarray(np.array([n.shift for n in domain.neighbors]).reshape(-1, 3), dtype=self.dtype)
             self.send_shift = xp.ascontiguousarray(shift_table[send_direction])
@@ -119,7 +119,7 @@ class GhostExchange:
                             for name, values in (carried or {}).items()}
             self._plan_device_forward()
             return
-        if self.is_cupy and use_nccl():
+        if self.is_cupy and use_nccl(domain.comm):   # collective: the job's transport, chosen once
             self._build_on_device(positions, carried or {})
             return
         packed = self._pack(positions)
@@ -168,16 +168,14 @@ class GhostExchange:
         """Ghost rows of a per-particle device array ``values`` (n_local, ...): same sources as the
         positions, no periodic shift (build only: two host synchronisations for the masks)."""
         import cupy
-        from cupy.cuda import nccl
 
         values = cupy.ascontiguousarray(values)
         row_shape = values.shape[1:]
-        row_bytes = values.dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
         send = cupy.ascontiguousarray(values[self.remote_send_index])
         n_received = sum(count for _, _, count in self.remote_receives)
         received = cupy.empty((max(n_received, 1),) + row_shape, dtype=values.dtype)
         if self.remote_sends or self.remote_receives:
-            self._nccl_rows(send, received, row_bytes, nccl.NCCL_UINT8, row_bytes)
+            grouped_send_receive(self.nccl, *self._row_messages(send, received), cupy.cuda.get_current_stream())
         source = self.gather_source
         rows = cupy.empty((self.n_ghost,) + row_shape, dtype=values.dtype)
         own = source >= 0
@@ -230,10 +228,10 @@ class GhostExchange:
             offset += count
         self.send_buffer = cupy.empty((offset, 3), dtype=self.dtype)
         self.receive_buffer = cupy.empty((max(n_received, 1), 3), dtype=self.dtype)
-        if use_nccl():
-            from hpcgpu.transport.nccl import nccl_communicator
-
+        if use_nccl(self.domain.comm):
             self.nccl = nccl_communicator(self.domain.comm)   # collective: every rank builds its exchange here
+            # The buffers never change until the next build: resolve the refresh's messages once.
+            self._forward_messages = self._row_messages(self.send_buffer, self.receive_buffer)
 
     def _xp(self):
         if self.is_cupy:
@@ -278,40 +276,28 @@ class GhostExchange:
     def _forward_device(self, positions) -> None:
         """GPU refresh: pack remote rows, one NCCL group, one gather kernel; all on the current stream."""
         if self.remote_sends or self.remote_receives:
-            from cupy.cuda import nccl
+            import cupy
 
-            device_ghosts.pack_rows(positions, self.remote_send_index, self.remote_send_shift, self.send_buffer)
-            nccl_type = nccl.NCCL_FLOAT32 if self.dtype == np.float32 else nccl.NCCL_FLOAT64
-            self._nccl_rows(self.send_buffer, self.receive_buffer, 3 * self.dtype.itemsize, nccl_type, 3)
-        device_ghosts.gather_ghosts(positions, self.n_local, self.gather_source, self.gather_shift,
-                                    self.receive_buffer)
+            pack_rows(positions, self.remote_send_index, self.remote_send_shift, self.send_buffer)
+            grouped_send_receive(self.nccl, *self._forward_messages, cupy.cuda.get_current_stream())
+        gather_ghosts(positions, self.n_local, self.gather_source, self.gather_shift, self.receive_buffer)
 
-    def _nccl_rows(self, send, received, row_bytes: int, nccl_type, items_per_row: int) -> None:
-        """One NCCL group on the current stream: the remote rows of ``send`` out, ``received`` in.
+    def _row_messages(self, send, received) -> tuple[list, list]:
+        """The NCCL messages (sends, receives) of the remote rows of ``send`` out and ``received`` in.
 
-        Receives, then sends, each in direction order: NCCL matches messages between two ranks in
-        posting order, and both sides enumerate the same directions in the same order. A row is
-        ``row_bytes`` bytes, ``items_per_row`` elements of ``nccl_type``.
+        Both in direction order: NCCL matches messages between two ranks in posting order, and both
+        sides enumerate the same directions in the same order. Empty directions are left out (the
+        peer leaves out its matching message too: the counts were exchanged at the build).
         """
-        import cupy
-        from cupy.cuda import nccl
-
-        stream = cupy.cuda.get_current_stream().ptr
-        nccl.groupStart()
-        for peer, start, count in self.remote_receives:
-            if count:
-                self.nccl.recv(received.data.ptr + start * row_bytes, items_per_row * count, nccl_type, peer, stream)
-        for peer, start, count in self.remote_sends:
-            if count:
-                self.nccl.send(send.data.ptr + start * row_bytes, items_per_row * count, nccl_type, peer, stream)
-        nccl.groupEnd()
+        receives = [nccl_message(received[start:start + count], peer)
+                    for peer, start, count in self.remote_receives if count]
+        sends = [nccl_message(send[start:start + count], peer) for peer, start, count in self.remote_sends if count]
+        return sends, receives
 
 
 def exchange_into_counts(mpi, send_counts, destinations, sources) -> list:
     """Collective: the 26 per-direction row counts, sent to ``destinations[k]`` with tag k and received
     from ``sources[k]``; returns the received counts (list of int) in direction order."""
-    from hpcgpu.particles.messages import exchange_into
-
     outgoing = [np.array([count], dtype=np.int64) for count in send_counts]
     incoming = [np.zeros(1, dtype=np.int64) for _ in sources]
     exchange_into(mpi, [(rank, _GHOST_TAG + k, outgoing[k]) for k, rank in enumerate(destinations)],
@@ -319,13 +305,8 @@ def exchange_into_counts(mpi, send_counts, destinations, sources) -> list:
     return [int(count[0]) for count in incoming]
 
 
-def use_nccl() -> bool:
-    """True if ghost refreshes of CuPy arrays between ranks go through NCCL (default when CuPy has it).
-
-    ``HPCGPU_TRANSPORT=mpi-staged`` keeps the host-staged MPI path (for debugging or without NCCL).
-    """
-    import os
-
-    from hpcgpu.transport.nccl import nccl_available
-
-    return os.environ.get("HPCGPU_TRANSPORT", "") != "mpi-staged" and nccl_available()
+def use_nccl(comm) -> bool:
+    """Collective on first use: True if ghost exchanges of CuPy arrays between ranks go through NCCL,
+    i.e. the job's GPU transport (:func:`hpcgpu.transport.select_transport`) is ``nccl`` -- the
+    automatic choice where CuPy has NCCL. ``mpi-staged`` and ``mpi-cuda`` keep the host-staged MPI path."""
+    return select_transport_for(comm, is_gpu=True) == "nccl"

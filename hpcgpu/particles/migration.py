@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpcgpu.arch import is_device_array
 from hpcgpu.errors import NumericalError
 from hpcgpu.particles.domain import bounds_in
 from hpcgpu.particles.messages import exchange
 
 _MIGRATION_TAG = 7001
-
-
-def _is_cupy(array) -> bool:
-    return type(array).__module__.startswith("cupy")
 
 
 def _pack(host_arrays, rows) -> np.ndarray:
@@ -68,7 +65,7 @@ def migrate(domain, positions, arrays: dict):
         # One rank owns the whole (wrapped) box: nobody leaves, and the rows keep their order.
         return positions, dict(arrays)
     xp = np
-    if _is_cupy(positions):
+    if is_device_array(positions):
         import cupy as xp
     names = list(arrays)
     # Bounds in the positions' dtype, as owner_ranks uses below: one precision decides ownership.

@@ -11,11 +11,12 @@ Nothing happens at import: MPI is initialised when the first :class:`Communicato
 from __future__ import annotations
 
 import socket
-from typing import Any
-
 import numpy as np
 
+from hpcgpu.arch import is_device_array
 from hpcgpu.errors import ConfigurationError, HpcgpuError, rank_prefix
+from hpcgpu.transport.device_collectives import device_collectives
+from hpcgpu.transport.selection import JobTransport
 
 _OPS = ("sum", "max", "min")
 
@@ -27,9 +28,7 @@ def _mpi():
     return MPI
 
 
-def is_device_array(value: Any) -> bool:
-    """True for CuPy arrays (checked without importing CuPy)."""
-    return type(value).__module__.startswith("cupy")
+__all__ = ["Communicator", "is_device_array"]   # is_device_array: hpcgpu.arch's, re-exported
 
 
 class Communicator:
@@ -51,6 +50,9 @@ class Communicator:
     n_nodes, node_index : int
         Number of nodes in the job and the index of this rank's node (0 .. n_nodes-1, by lowest rank).
     hostname : str
+    job_transport : hpcgpu.transport.JobTransport
+        The transport this job chose (:func:`hpcgpu.transport.select_transport`) and what is built from
+        it once: halo transports, the NCCL communicator, the device collectives.
     """
 
     def __init__(self, mpi_comm=None):
@@ -66,7 +68,7 @@ class Communicator:
         leader_order = self.mpi.exscan(is_leader, op=MPI.SUM) or 0
         self.node_index = self.node.bcast(leader_order if is_leader else None, root=0)
         self.hostname = socket.gethostname()
-        self._device_collectives = None
+        self.job_transport = JobTransport()
 
     # ------------------------------------------------------------------ identity
     @property
@@ -153,16 +155,14 @@ class Communicator:
         return self.mpi.bcast(value, root=root)
 
     def device_collectives(self):
-        """The collectives object for device arrays (NCCL or host-staged MPI), built on first use.
+        """The collectives object for device arrays (NCCL or host-staged MPI, after the job's transport),
+        built on first use.
 
         Building it is collective: every rank must reach its first device collective together.
         """
-        if self._device_collectives is None:
-            from hpcgpu.transport.device_collectives import make_device_collectives
-
-            self._device_collectives = make_device_collectives(self)
-        return self._device_collectives
+        return device_collectives(self)
 
     def set_device_collectives(self, collectives) -> None:
-        """Use ``collectives`` for device arrays (chosen by :func:`hpcgpu.transport.select_transport`)."""
-        self._device_collectives = collectives
+        """Use ``collectives`` (an object with ``allreduce(array, op)`` and ``broadcast(array, root)``) for
+        device arrays instead of those of the job's transport."""
+        self.job_transport.device_collectives = collectives

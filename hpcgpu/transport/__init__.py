@@ -14,21 +14,36 @@ name           arrays                           how
 ``mpi-staged`` CuPy                             device -> pinned host copy, MPI on host, copy back
 ============== ================================ =====================================================
 
-:func:`default_transport` picks ``mpi`` on CPUs and the first usable of ``nccl``, ``mpi-cuda``,
-``mpi-staged`` on GPUs. ``HPCGPU_TRANSPORT`` overrides the choice for the whole job.
+:func:`select_transport` chooses the job's transport once per communicator (an explicit request such as
+the ``--transport`` flag, else ``HPCGPU_TRANSPORT``, else ``mpi`` on CPUs and the first usable of ``nccl``,
+``mpi-cuda``, ``mpi-staged`` on GPUs) and keeps it in ``comm.job_transport``
+(:mod:`hpcgpu.transport.selection`); halos (:func:`default_transport`), particle ghosts and device
+collectives all read it there. Building blocks shared by every app: NCCL grouped send/recv
+(:func:`hpcgpu.transport.nccl.grouped_send_receive`) and CUDA-IPC peer windows
+(:mod:`hpcgpu.transport.peer_memory`).
 """
 
 from __future__ import annotations
 
-import os
-
 from hpcgpu.errors import BackendError
+from hpcgpu.transport.selection import (
+    TRANSPORTS,
+    JobTransport,
+    TransportChoice,
+    auto_transport_name,
+    select_transport,
+    transport_name,
+)
 
-TRANSPORTS = ("mpi", "nccl", "mpi-cuda", "mpi-staged")
+__all__ = ["TRANSPORTS", "JobTransport", "TransportChoice", "auto_transport_name", "default_transport",
+           "make_transport", "select_transport", "transport_name"]
 
 
 def make_transport(name: str, comm, arch):
-    """Build the transport called ``name`` for ``comm`` and ``arch`` (collective for ``nccl``)."""
+    """Build the halo transport called ``name`` for ``comm`` and ``arch`` (collective for ``nccl``).
+
+    Benchmarks and tests compare transports with it; a job's exchanges use :func:`default_transport`.
+    """
     if name not in TRANSPORTS:
         raise BackendError(f"unknown transport {name!r}; expected one of {', '.join(TRANSPORTS)}")
     if not arch.is_gpu:
@@ -58,25 +73,12 @@ def make_transport(name: str, comm, arch):
     return StagedMpiTransport(comm)
 
 
-def auto_transport_name(arch) -> str:
-    """The transport :func:`default_transport` would pick for ``arch`` (honours ``HPCGPU_TRANSPORT``)."""
-    override = os.environ.get("HPCGPU_TRANSPORT", "")
-    if override:
-        return override
-    if not arch.is_gpu:
-        return "mpi"
-    from hpcgpu.transport.nccl import nccl_available
-    from hpcgpu.transport.mpi_device import mpi_is_cuda_aware
-
-    if nccl_available():
-        return "nccl"
-    return "mpi-cuda" if mpi_is_cuda_aware() else "mpi-staged"
-
-
 def default_transport(comm, arch):
-    """The job's transport for ``arch``, built once per communicator (collective on first use)."""
-    cache = comm.__dict__.setdefault("_transports", {})
+    """The job's halo transport for ``arch``: :func:`select_transport`'s choice, built once per
+    communicator and architecture (collective on first use) and kept in ``comm.job_transport``."""
+    name = select_transport(comm, arch)
+    transports = comm.job_transport.halo_transports
     key = (arch.name, arch.device_id)
-    if key not in cache:
-        cache[key] = make_transport(auto_transport_name(arch), comm, arch)
-    return cache[key]
+    if key not in transports:
+        transports[key] = make_transport(name, comm, arch)
+    return transports[key]

@@ -1,8 +1,13 @@
-"""Collectives on device arrays: NCCL where available, else host-staged MPI."""
+"""Collectives on device arrays: NCCL when the job's transport is ``nccl``, else host-staged MPI.
+
+Which one is the job's choice (:func:`hpcgpu.transport.select_transport`): ``nccl`` reduces with NCCL on
+the current stream; ``mpi-cuda`` and ``mpi-staged`` copy to the host and reduce with MPI (there is no
+CUDA-aware collective path).
+"""
 
 from __future__ import annotations
 
-import os
+from hpcgpu.transport.selection import select_transport_for
 
 
 class StagedCollectives:
@@ -27,10 +32,20 @@ class StagedCollectives:
 
 
 def make_device_collectives(comm):
-    """NCCL collectives unless ``HPCGPU_TRANSPORT`` asks for an MPI transport or NCCL is missing."""
-    from hpcgpu.transport.nccl import NcclCollectives, nccl_available
+    """Build the collectives of the job's GPU transport (collective: may select it, and create NCCL's
+    communicator)."""
+    if select_transport_for(comm, is_gpu=True) == "nccl":
+        from hpcgpu.transport.nccl import NcclCollectives
 
-    requested = os.environ.get("HPCGPU_TRANSPORT", "")
-    if nccl_available() and requested in ("", "nccl"):
         return NcclCollectives(comm)
     return StagedCollectives(comm)
+
+
+def device_collectives(comm):
+    """The job's collectives for device arrays, built on first use and kept in ``comm.job_transport``.
+
+    Collective the first time: every rank must reach its first device collective together."""
+    job = comm.job_transport
+    if job.device_collectives is None:
+        job.device_collectives = make_device_collectives(comm)
+    return job.device_collectives

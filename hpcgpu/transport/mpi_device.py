@@ -100,14 +100,14 @@ class StagedMpiTransport:
         self.comm = comm
 
     def _staging(self, exchange):
-        staging = exchange.__dict__.get("_staging")
+        staging = exchange.transport_state.staging
         if staging is None:
             import cupyx
 
             def pinned(messages):
                 return [cupyx.empty_pinned(m.buffer.shape, dtype=m.buffer.dtype) for m in messages]
 
-            staging = exchange._staging = (pinned(exchange.sends), pinned(exchange.recvs))
+            staging = exchange.transport_state.staging = (pinned(exchange.sends), pinned(exchange.recvs))
         return staging
 
     def start(self, exchange):

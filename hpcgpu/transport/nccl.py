@@ -18,6 +18,7 @@ this matches on both sides, even when one neighbour sits on both sides of a peri
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -48,7 +49,7 @@ def nccl_version() -> str | None:
 
 
 @functools.cache
-def _nccl_types():
+def _datatypes() -> dict:
     from cupy.cuda import nccl
 
     return {
@@ -64,21 +65,114 @@ def _nccl_types():
     }
 
 
-def _type_and_count(array):
-    """NCCL datatype and element count; unknown dtypes travel as bytes (point-to-point only)."""
-    nccl_type = _nccl_types().get(np.dtype(array.dtype))
-    if nccl_type is None:
+def nccl_datatype(dtype) -> int:
+    """The NCCL datatype (``cupy.cuda.nccl.NCCL_*``) of a NumPy dtype, for collectives.
+
+    Raises
+    ------
+    BackendError
+        For a dtype NCCL does not reduce (anything but float16/32/64 and 8/32/64-bit integers).
+    """
+    datatype = _datatypes().get(np.dtype(dtype))
+    if datatype is None:
+        raise BackendError(f"NCCL cannot reduce dtype {np.dtype(dtype)}; use float16/32/64 or an integer type")
+    return datatype
+
+
+def nccl_type_and_count(array) -> tuple[int, int]:
+    """NCCL datatype and element count of a contiguous device array, for point-to-point messages.
+
+    A dtype NCCL does not know travels as its bytes (``NCCL_UINT8``, ``array.nbytes`` elements):
+    send/recv copy bits, so that is exact.
+    """
+    datatype = _datatypes().get(np.dtype(array.dtype))
+    if datatype is None:
         from cupy.cuda import nccl
 
         return nccl.NCCL_UINT8, array.nbytes
-    return nccl_type, array.size
+    return datatype, array.size
+
+
+# Old private names, kept until the apps that imported them use the public ones.
+_nccl_types = _datatypes
+_type_and_count = nccl_type_and_count
+
+
+@dataclass(frozen=True)
+class NcclMessage:
+    """One point-to-point message resolved to what NCCL takes: a device address, an element count and
+    datatype, and the peer rank. Resolve a planned exchange's messages once (:func:`nccl_message`)."""
+
+    pointer: int
+    count: int
+    datatype: int
+    peer: int
+
+
+def nccl_message(array, peer: int) -> NcclMessage:
+    """The :class:`NcclMessage` of a C-contiguous device array sent to (or received from) ``peer``.
+
+    The array must stay alive (and in place) as long as the message is used."""
+    if not array.flags.c_contiguous:
+        raise BackendError(f"an NCCL message needs a C-contiguous array, found shape {tuple(array.shape)} with "
+                           f"strides {tuple(array.strides)}; pass a contiguous slice or copy it first")
+    datatype, count = nccl_type_and_count(array)
+    return NcclMessage(int(array.data.ptr), int(count), datatype, int(peer))
+
+
+def grouped_send_receive(nccl_comm, sends, receives, stream) -> None:
+    """Queue one NCCL group of point-to-point messages on ``stream``; returns None (nothing waits).
+
+    Parameters
+    ----------
+    nccl_comm : cupy.cuda.nccl.NcclCommunicator
+        From :func:`nccl_communicator`.
+    sends, receives : sequence of (array, peer) pairs or :class:`NcclMessage`
+        Contiguous device arrays (any dtype: see :func:`nccl_type_and_count`) and the rank each goes to
+        or comes from. Empty messages are skipped (on both sides alike: the sizes must match).
+    stream : cupy.cuda.Stream or int
+        The stream (or its raw handle) the group runs on; the caller orders it after the kernels that
+        wrote the sends and before those that read the receives.
+
+    Notes
+    -----
+    NCCL matches the messages between two ranks in posting order, separately for each direction: the
+    k-th send from rank a to rank b meets the k-th receive on b from a. Both sides must therefore list
+    the messages to one peer in the same order (for example a fixed order of directions, which also
+    covers one neighbour sitting on both sides of a periodic axis). Receives are posted before sends;
+    inside one group that order does not matter to NCCL.
+    """
+    from cupy.cuda import nccl
+
+    stream_pointer = stream if isinstance(stream, int) else stream.ptr
+    receives = [m if isinstance(m, NcclMessage) else nccl_message(*m) for m in receives]
+    sends = [m if isinstance(m, NcclMessage) else nccl_message(*m) for m in sends]
+    if not receives and not sends:
+        return
+    nccl.groupStart()
+    try:
+        for m in receives:
+            if m.count:
+                nccl_comm.recv(m.pointer, m.count, m.datatype, m.peer, stream_pointer)
+        for m in sends:
+            if m.count:
+                nccl_comm.send(m.pointer, m.count, m.datatype, m.peer, stream_pointer)
+    finally:
+        nccl.groupEnd()
 
 
 def nccl_communicator(comm):
-    """The NCCL communicator of ``comm``, created on first call (collective)."""
-    existing = comm.__dict__.get("_nccl")
-    if existing is not None:
-        return existing
+    """The NCCL communicator of ``comm``, created on first call (collective) and kept in
+    ``comm.job_transport.nccl_communicator``.
+
+    Raises
+    ------
+    BackendError
+        When CuPy has no NCCL.
+    """
+    job = comm.job_transport
+    if job.nccl_communicator is not None:
+        return job.nccl_communicator
     if not nccl_available():
         raise BackendError(
             "NCCL is not available through CuPy (cupy.cuda.nccl did not import). Install the extra with "
@@ -88,8 +182,13 @@ def nccl_communicator(comm):
 
     unique_id = nccl.get_unique_id() if comm.rank == 0 else None
     unique_id = comm.mpi.bcast(unique_id, root=0)
-    comm._nccl = nccl.NcclCommunicator(comm.size, unique_id, comm.rank)
-    return comm._nccl
+    job.nccl_communicator = nccl.NcclCommunicator(comm.size, unique_id, comm.rank)
+    return job.nccl_communicator
+
+
+def has_nccl_communicator(comm) -> bool:
+    """Whether ``comm``'s NCCL communicator exists already (settings read at its creation come too late)."""
+    return comm.job_transport.nccl_communicator is not None
 
 
 class _EventHandle:
@@ -110,45 +209,32 @@ class NcclTransport:
     def __init__(self, nccl_comm):
         self.nccl_comm = nccl_comm
 
-    def _operations(self, exchange):
-        operations = exchange.__dict__.get("_nccl_operations")
-        if operations is None:
-            # Pointers, counts and types never change for a planned exchange: resolve them once.
-            operations = exchange._nccl_operations = (
-                [(m.buffer.data.ptr, *_type_and_count(m.buffer), m.peer) for m in exchange.recvs],
-                [(m.buffer.data.ptr, *_type_and_count(m.buffer), m.peer) for m in exchange.sends],
-            )
-        return operations
-
     def _enqueue(self, exchange, stream) -> None:
         """Pack, one NCCL group of all receives and sends, unpack: all on ``stream`` (current)."""
-        from cupy.cuda import nccl
-
-        receives, sends = self._operations(exchange)
+        state = exchange.transport_state
+        if state.nccl_messages is None:
+            # Pointers, counts and types never change for a planned exchange: resolve them once.
+            state.nccl_messages = ([nccl_message(m.buffer, m.peer) for m in exchange.recvs],
+                                   [nccl_message(m.buffer, m.peer) for m in exchange.sends])
+        receives, sends = state.nccl_messages
         exchange.pack()
-        if receives or sends:
-            nccl.groupStart()
-            for pointer, nccl_type, count, peer in receives:
-                self.nccl_comm.recv(pointer, count, nccl_type, peer, stream.ptr)
-            for pointer, nccl_type, count, peer in sends:
-                self.nccl_comm.send(pointer, count, nccl_type, peer, stream.ptr)
-            nccl.groupEnd()
+        grouped_send_receive(self.nccl_comm, sends, receives, stream)
         exchange.unpack()
 
     def _graph(self, exchange, stream):
-        graph = exchange.__dict__.get("_cuda_graph")
-        if graph is None:
+        state = exchange.transport_state
+        if state.cuda_graph is None:
             with exchange.arch.on_stream(stream):
-                graph = capture_graph(stream, lambda: self._enqueue(exchange, stream))
-            exchange._cuda_graph = graph
-        return graph
+                state.cuda_graph = capture_graph(stream, lambda: self._enqueue(exchange, stream))
+        return state.cuda_graph
 
     def start(self, exchange):
         arch = exchange.arch
         stream = arch.comm_stream
         # The communication stream starts once the compute stream has produced this step's fields.
         stream.wait_event(exchange_event(exchange, "ready", arch.compute_stream))
-        if exchange.graph and exchange.__dict__.get("_graph_warm"):
+        state = exchange.transport_state
+        if exchange.graph and state.graph_warm:
             self._graph(exchange, stream).launch(stream)
         elif exchange.needs_kernels:
             with arch.on_stream(stream):
@@ -157,7 +243,7 @@ class NcclTransport:
             self._enqueue(exchange, stream)  # NCCL calls only: no CuPy work follows the current stream
         # The first exchange runs eagerly, so NCCL connects its peers and CuPy compiles its kernels
         # outside of any graph capture; later ones replay the captured graph.
-        exchange._graph_warm = True
+        state.graph_warm = True
         return _EventHandle(arch.compute_stream, exchange_event(exchange, "done", stream))
 
 
@@ -178,9 +264,7 @@ class NcclCollectives:
 
         send = cupy.ascontiguousarray(array)
         result = cupy.empty_like(send)
-        nccl_type = _nccl_types().get(np.dtype(send.dtype))
-        if nccl_type is None:
-            raise BackendError(f"NCCL cannot reduce dtype {send.dtype}; use float16/32/64 or an integer type")
+        nccl_type = nccl_datatype(send.dtype)
         stream = cupy.cuda.get_current_stream()
         self.nccl_comm.allReduce(send.data.ptr, result.data.ptr, send.size, nccl_type, getattr(nccl, _NCCL_OPS[op]), stream.ptr)
         return result
@@ -190,7 +274,7 @@ class NcclCollectives:
 
         if not array.flags.c_contiguous:
             raise BackendError("broadcast of a CuPy array needs a C-contiguous array (it is filled in place)")
-        nccl_type, count = _type_and_count(array)
+        nccl_type, count = nccl_type_and_count(array)
         stream = cupy.cuda.get_current_stream()
         self.nccl_comm.bcast(array.data.ptr, count, nccl_type, root, stream.ptr)
         return array
