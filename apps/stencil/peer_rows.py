@@ -16,6 +16,10 @@ precedes its put k-1. The counters live on the device (the put kernel increments
 so the steps contain no host values and can be captured as CUDA graphs. Everything is IEEE copies:
 results are bitwise those of the NCCL exchange.
 
+The buffers are mapped with :mod:`hpcgpu.transport.peer_memory`. The put kernel fuses the row copy with
+the signal, and both counters live on the device (a graph replays them): a protocol of its own, not
+``peer_memory``'s host-epoch flags.
+
 Requirements (checked identically on every rank): GPUs, at least 2 ranks, one node, the grid split
 along rows only (``dims = (P, 1)``), ghost width 1.
 """
@@ -27,7 +31,13 @@ import functools
 import numpy as np
 
 from hpcgpu.errors import ConfigurationError
-from hpcgpu.transport.cuda_ipc import export_pointer, open_peer_pointer, pointer_arg
+from hpcgpu.transport.peer_memory import (
+    export_addresses,
+    on_every_rank,
+    open_addresses,
+    pointer_arg,
+    ready_for_peer_stores,
+)
 
 _SOURCE = r"""
 // One block: copy this rank's first and last owned rows (32-bit words) into the neighbours' ghost rows,
@@ -127,23 +137,27 @@ class PeerRowExchange:
         self.count = cupy.zeros(1, dtype=cupy.uint32)
         self._unused_flags = cupy.zeros(2, dtype=cupy.uint32)   # targets for a missing (wall) neighbour
         self._unused_rows = cupy.zeros(self.n_words, dtype=cupy.uint32)
-        mine = {"buffers": [export_pointer(d.data.ptr) for d in data], "flags": export_pointer(self.flags.data.ptr),
+        mine = {"window": export_addresses({"buffer0": data[0].data.ptr, "buffer1": data[1].data.ptr,
+                                            "flags": self.flags.data.ptr}),
                 "rows": rows, "pitch": pitch, "itemsize": itemsize}
         everyone = comm.mpi.allgather(mine)
         up, down = grid.neighbor((-1, 0)), grid.neighbor((1, 0))
+        # Map both neighbours' windows; a rank that cannot is the same error on every rank.
+        up_window, down_window = on_every_rank(comm, lambda: (
+            open_addresses(everyone[up]["window"]) if up is not None else None,
+            open_addresses(everyone[down]["window"]) if down is not None else None))[comm.rank]
         # My first owned row -> the upper neighbour's bottom ghost row; my last -> the lower one's top row.
         self._targets = []
         for which in (0, 1):
             if up is not None:
                 peer = everyone[up]
-                up_row = open_peer_pointer(peer["buffers"][which]) + ((peer["rows"] - 1) * peer["pitch"] + 1) * itemsize
-                up_flag = open_peer_pointer(peer["flags"]) + 4   # its "from below" counter
+                up_row = up_window[f"buffer{which}"] + ((peer["rows"] - 1) * peer["pitch"] + 1) * itemsize
+                up_flag = up_window["flags"] + 4   # its "from below" counter
             else:
                 up_row, up_flag = self._unused_rows.data.ptr, self._unused_flags.data.ptr
             if down is not None:
-                peer = everyone[down]
-                down_row = open_peer_pointer(peer["buffers"][which]) + 1 * itemsize   # row 0, column 1
-                down_flag = open_peer_pointer(peer["flags"])      # its "from above" counter
+                down_row = down_window[f"buffer{which}"] + 1 * itemsize   # row 0, column 1
+                down_flag = down_window["flags"]      # its "from above" counter
             else:
                 down_row, down_flag = self._unused_rows.data.ptr, self._unused_flags.data.ptr + 4
             self._targets.append((up_row, down_row, up_flag, down_flag))
@@ -154,8 +168,7 @@ class PeerRowExchange:
             self.flags[1] = np.uint32(0xFFFFFFFF)
         self._rows = [(d.data.ptr + (1 * pitch + 1) * itemsize, d.data.ptr + ((rows - 2) * pitch + 1) * itemsize)
                       for d in data]
-        arch.synchronize()
-        comm.barrier()   # every mapping is open and every counter zeroed before anyone stores
+        ready_for_peer_stores(comm)   # every mapping is open and every counter zeroed before anyone stores
 
     def wait(self) -> None:
         """Queue on the current stream: wait until both neighbours finished the previous step."""

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-
 import os
 
 import numpy as np
@@ -94,6 +93,12 @@ def open_peer_pointer(handle_and_offset: tuple[bytes, int]) -> int:
         except cupy.cuda.runtime.CUDARuntimeError as error:
             raise PeerAccessError(_peer_access_help(error)) from error
     return _opened[key] + int(offset)
+
+
+def opened_mappings() -> dict:
+    """The cache of opened peer allocations, ``{(device id, handle bytes): base address}`` (mutable: used
+    by :func:`hpcgpu.transport.peer_memory.close_peer_mappings`)."""
+    return _opened
 
 
 def pointer_arg(address: int):
