@@ -45,9 +45,13 @@ import time
 import numpy as np
 
 from hpcgpu.errors import ConfigurationError
+from hpcgpu.transport.nccl import has_nccl_communicator, nccl_communicator
 
 from ._backend import is_cupy, to_numpy
 from .data import shard_bounds
+from .peer_reduce import PeerBucketReducer, check_peer_reduce
+from .reducers import MpiBucketReducer, NcclBucketReducer, StreamBucketReducer, load_optimizer_slices
+from .zero import ZeroRedundancy
 
 #: Default bucket size in MB (10**6 bytes), PyTorch DDP's default.
 DEFAULT_BUCKET_MB = 25.0
@@ -69,155 +73,6 @@ def plan_buckets(n_params, itemsize, bucket_mb=DEFAULT_BUCKET_MB):
         raise ValueError(f"bucket size: expected a positive number of MB, found {bucket_mb}")
     per_bucket = max(1, int(bucket_mb * 1e6) // int(itemsize))
     return [(lo, min(lo + per_bucket, int(n_params))) for lo in range(0, int(n_params), per_bucket)]
-
-
-def mpi_supports(dtype):
-    """True when the MPI library reduces ``dtype`` natively (float16 is optional in MPI)."""
-    from mpi4py import MPI
-    from mpi4py.util.dtlib import from_numpy_dtype
-
-    try:
-        return from_numpy_dtype(np.dtype(dtype)) != MPI.DATATYPE_NULL
-    except (KeyError, ValueError, TypeError):
-        return False
-
-
-class _MpiBucketReducer:
-    """Non-blocking MPI allreduce of host buffer slices (the CPU path)."""
-
-    def __init__(self, comm, dtype):
-        from mpi4py import MPI
-
-        self.MPI = MPI
-        self.mpi = comm.mpi
-        # Without a native MPI float16, fp16 gradients travel as float32 copies.
-        self.staged = not mpi_supports(dtype)
-        self.requests = []
-        self.staging = []
-        self.exposed_seconds = 0.0
-
-    def start(self, grads, lo, hi):
-        target = grads[lo:hi]
-        if self.staged:
-            buffer = target.astype(np.float32)
-            self.staging.append((target, buffer))
-            target = buffer
-        self.requests.append(self.mpi.Iallreduce(self.MPI.IN_PLACE, target, op=self.MPI.SUM))
-        self.progress()
-
-    def progress(self):
-        if self.requests:
-            self.MPI.Request.Testall(self.requests)
-
-    def wait(self):
-        started = time.perf_counter()
-        self.MPI.Request.Waitall(self.requests)
-        for target, buffer in self.staging:
-            target[...] = buffer
-        self.requests, self.staging = [], []
-        self.exposed_seconds = time.perf_counter() - started
-
-
-class _StreamBucketReducer:
-    """Bucket reductions queued on the communication stream, timed with CUDA events (GPU reducers).
-
-    Per bucket: the communication stream waits for a *ready* event of the compute stream,
-    then :meth:`_reduce` queues the reduction between a *start* and a *done* event. The host
-    never blocks; :meth:`wait` makes the compute stream wait for :meth:`_round_done`. The
-    events of a step are turned into seconds lazily, at the next step (:meth:`_resolve`),
-    into ``totals`` (``steps``, ``exposed``, ``busy``, ``backward``; seconds summed over steps).
-    """
-
-    def __init__(self, arch):
-        self.compute_stream, self.comm_stream = arch.compute_stream, arch.comm_stream
-        self._free_events = []
-        self._launched = []        # (start event, done event) of this step's buckets
-        self._round_events = []    # other events of this step, recycled with them
-        self._unresolved = None    # events of the previous step, read lazily
-        self._backward_start = None
-        self.totals = {"steps": 0, "exposed": 0.0, "busy": 0.0, "backward": 0.0}
-
-    def _event(self):
-        import cupy
-
-        return self._free_events.pop() if self._free_events else cupy.cuda.Event()
-
-    def mark_backward_start(self):
-        self._resolve()
-        self._backward_start = self._event()
-        self._backward_start.record(self.compute_stream)
-
-    def start(self, grads, lo, hi):
-        self._resolve()
-        ready, start, done = self._event(), self._event(), self._event()
-        # The communication stream may only read this slice once backward has written it.
-        ready.record(self.compute_stream)
-        self.comm_stream.wait_event(ready)
-        start.record(self.comm_stream)
-        self._reduce(grads, lo, hi)
-        done.record(self.comm_stream)
-        self._free_events.append(ready)   # reusable once recorded: nothing reads it later
-        self._launched.append((start, done))
-
-    def _reduce(self, grads, lo, hi):
-        """Queue the sum over ranks of ``grads[lo:hi]`` (in place) on the communication stream."""
-        raise NotImplementedError
-
-    def _round_done(self):
-        """The event after which every bucket of this step is reduced."""
-        return self._launched[-1][1]   # one communication stream: the last done covers all
-
-    def progress(self):
-        """The reductions progress on the device; nothing to do on the host."""
-
-    def wait(self):
-        if not self._launched:
-            return
-        round_done = self._round_done()
-        backward_end, synced = self._event(), self._event()
-        backward_end.record(self.compute_stream)
-        self.compute_stream.wait_event(round_done)
-        synced.record(self.compute_stream)
-        self._unresolved = (self._backward_start, backward_end, synced, self._launched, self._round_events)
-        self._launched, self._round_events, self._backward_start = [], [], None
-
-    def _resolve(self):
-        """Turn the previous step's events into seconds (they completed long ago)."""
-        import cupy
-
-        if self._unresolved is None:
-            return
-        backward_start, backward_end, synced, launched, round_events = self._unresolved
-        self._unresolved = None
-        synced.synchronize()
-        elapsed = cupy.cuda.get_elapsed_time
-        self.totals["steps"] += 1
-        self.totals["exposed"] += elapsed(backward_end, synced) / 1e3
-        self.totals["busy"] += sum(elapsed(start, done) for start, done in launched) / 1e3
-        if backward_start is not None:
-            self.totals["backward"] += elapsed(backward_start, backward_end) / 1e3
-            self._free_events.append(backward_start)
-        self._free_events += [backward_end, synced, *round_events]
-        for start, done in launched:
-            self._free_events += [start, done]
-
-
-class _NcclBucketReducer(_StreamBucketReducer):
-    """NCCL allreduce of device buffer slices on the communication stream (the GPU path)."""
-
-    def __init__(self, comm, arch, dtype):
-        from hpcgpu.transport.nccl import _nccl_types, nccl_communicator
-
-        super().__init__(arch)
-        self.nccl_comm = nccl_communicator(comm)
-        self.nccl_type = _nccl_types()[np.dtype(dtype)]
-
-    def _reduce(self, grads, lo, hi):
-        from cupy.cuda import nccl
-
-        pointer = grads.data.ptr + lo * grads.itemsize
-        self.nccl_comm.allReduce(pointer, pointer, hi - lo, self.nccl_type, nccl.NCCL_SUM,
-                                 self.comm_stream.ptr)
 
 
 class DataParallel:
@@ -269,19 +124,17 @@ class DataParallel:
         if self.comm.size == 1:
             return
         if is_cupy(grads) and self.allreduce == "peer":
-            from .peer_reduce import PeerBucketReducer
-
             self._reducer = PeerBucketReducer(self.comm, self.arch, grads, self.buckets)
         elif is_cupy(grads):
-            self._reducer = _NcclBucketReducer(self.comm, self.arch, grads.dtype)
+            self._reducer = NcclBucketReducer(self.comm, self.arch, grads.dtype)
         else:
-            self._reducer = _MpiBucketReducer(self.comm, grads.dtype)
+            self._reducer = MpiBucketReducer(self.comm, grads.dtype)
 
     def before_backward(self):
         if self._reducer is None:
             return
         self._next_bucket = 0
-        if isinstance(self._reducer, _StreamBucketReducer):
+        if isinstance(self._reducer, StreamBucketReducer):
             self._reducer.mark_backward_start()
         else:
             self._backward_started = time.perf_counter()
@@ -306,7 +159,7 @@ class DataParallel:
             self.on_grads_ready(0, grads.shape[0])
         self._reducer.wait()
         self._next_bucket = 0
-        if isinstance(self._reducer, _MpiBucketReducer):
+        if isinstance(self._reducer, MpiBucketReducer):
             self._cpu_totals["steps"] += 1
             self._cpu_totals["exposed"] += self._reducer.exposed_seconds
 
@@ -332,7 +185,7 @@ class DataParallel:
 
     def load_optimizer_state(self, optimizer_state, full_state):
         """Fill ``optimizer_state`` in place from full-buffer host arrays; returns None."""
-        _load_optimizer_slices(optimizer_state, full_state, 0, None)
+        load_optimizer_slices(optimizer_state, full_state, 0, None)
 
     # -- overlap measurement -------------------------------------------------------
     def measure_allreduce_alone(self, repeats=5):
@@ -347,7 +200,7 @@ class DataParallel:
             self.alone_seconds = 0.0
             return 0.0
         saved_totals = None
-        if isinstance(self._reducer, _StreamBucketReducer):
+        if isinstance(self._reducer, StreamBucketReducer):
             self._reducer._resolve()
             saved_totals = dict(self._reducer.totals)
         rounds = []
@@ -384,7 +237,7 @@ class DataParallel:
             stats.update(backward_ms=None, exposed_wait_ms=0.0, allreduce_alone_ms=0.0,
                          hidden_fraction=None)
             return stats
-        if isinstance(self._reducer, _StreamBucketReducer):
+        if isinstance(self._reducer, StreamBucketReducer):
             self._reducer._resolve()
             totals = self._reducer.totals
         else:
@@ -400,28 +253,6 @@ class DataParallel:
         stats["hidden_fraction"] = (None if not alone or not totals["steps"]
                                     else float(min(1.0, max(0.0, 1.0 - exposed / alone))))
         return stats
-
-
-def _load_optimizer_slices(optimizer_state, full_state, lo, hi):
-    for key, value in optimizer_state.items():
-        if key not in full_state:
-            raise ValueError(f"checkpoint has no optimizer state {key!r} (it holds "
-                             f"{sorted(full_state)}); it was written with another optimizer")
-        saved = np.asarray(full_state[key])
-        if saved.ndim == 0:
-            optimizer_state[key] = np.asarray(saved, dtype=np.int64)
-            continue
-        piece = saved[lo:hi]
-        if piece.shape != value.shape:
-            raise ValueError(f"optimizer state {key!r}: checkpoint slice has shape {piece.shape}, "
-                             f"this rank expects {tuple(value.shape)}")
-        value[...] = piece if not is_cupy(value) else _to_device(value, piece)
-
-
-def _to_device(like, host):
-    import cupy
-
-    return cupy.asarray(host, dtype=like.dtype)
 
 
 def create_nccl_communicator(comm, arch, n_channels=0):
@@ -451,10 +282,8 @@ def create_nccl_communicator(comm, arch, n_channels=0):
     if n_channels < 0:
         raise ValueError(f"NCCL channels: expected >= 0 (0 = NCCL's default), found {n_channels}")
     if (not n_channels or comm.size == 1 or not getattr(arch, "is_gpu", False)
-            or "NCCL_MAX_NCHANNELS" in os.environ or comm.__dict__.get("_nccl") is not None):
+            or "NCCL_MAX_NCHANNELS" in os.environ or has_nccl_communicator(comm)):
         return False
-    from hpcgpu.transport.nccl import nccl_communicator
-
     os.environ["NCCL_MAX_NCHANNELS"] = str(int(n_channels))
     try:
         nccl_communicator(comm)
@@ -476,8 +305,6 @@ def check_allreduce(comm, allreduce, is_gpu=None, zero_stage=0):
     if allreduce not in ALLREDUCE_KINDS:
         raise ConfigurationError(f"--allreduce: expected one of {', '.join(ALLREDUCE_KINDS)}, found {allreduce!r}")
     if allreduce == "peer":
-        from .peer_reduce import check_peer_reduce
-
         check_peer_reduce(comm, is_gpu, zero_stage)
 
 
@@ -495,8 +322,6 @@ def make_sync(comm, arch, zero_stage=0, bucket_mb=DEFAULT_BUCKET_MB, nccl_channe
     if zero_stage == 0:
         return DataParallel(comm, arch, bucket_mb, allreduce)
     if zero_stage == 1:
-        from .zero import ZeroRedundancy
-
         return ZeroRedundancy(comm, arch)
     raise ValueError(f"zero stage: expected 0 or 1, found {zero_stage}")
 

@@ -10,7 +10,7 @@ Per bucket ``(lo, hi)`` with ``mid = (lo + hi) // 2``, rank 0 owns ``[lo, mid)``
 owns ``[mid, hi)``. Each rank holds a receive buffer ``received`` as long as the gradient
 buffer and two rows of flags in its own memory, ``scattered[bucket]`` and
 ``gathered[bucket]``, which only the peer writes. On the communication stream, after the
-compute stream's *ready* event of the bucket (:class:`apps.train.distributed._StreamBucketReducer`)::
+compute stream's *ready* event of the bucket (:class:`apps.train.reducers.StreamBucketReducer`)::
 
     a. copy my bucket's NON-owned half into the peer's ``received`` (same element range);
        signal the peer's scattered[bucket] := epoch
@@ -23,7 +23,8 @@ epoch, then the compute stream waits for an event recorded after it. ``epoch`` i
 counter raised once per round (the first ``start`` after a ``wait``: once per training step,
 and once per round of :meth:`DataParallel.measure_allreduce_alone`), passed to the kernels
 as an argument. A signal kernel stores it with a volatile store after
-``__threadfence_system``; the wait kernel spins on volatile loads with ``__nanosleep``.
+``__threadfence_system``; the wait kernel spins on volatile loads with ``__nanosleep``
+(both :mod:`hpcgpu.transport.peer_memory`'s, which also maps the peer's buffers).
 
 Result: for two ranks the sum of an element is one addition ``a + b`` in the gradient
 dtype, rounded to nearest (inline PTX ``add.rn``, no flush of subnormals), as NCCL's
@@ -71,32 +72,20 @@ import numpy as np
 
 from hpcgpu.arch import on_stream
 from hpcgpu.errors import ConfigurationError
-from hpcgpu.transport.cuda_ipc import export_pointer, open_peer_pointer, pointer_arg
+from hpcgpu.transport.peer_memory import (
+    FLAG_BYTES,
+    export_addresses,
+    flag_kernels,
+    open_addresses,
+    pointer_arg,
+    ready_for_peer_stores,
+    signal_flag,
+    wait_flags,
+)
 
-from .distributed import _StreamBucketReducer
+from .reducers import StreamBucketReducer
 
 _SOURCE = r"""
-// Publish `epoch` into a flag in the peer's memory; everything this stream wrote before
-// (the copy-engine copy that precedes this kernel) is complete, the fence orders the store.
-extern "C" __global__ void peer_reduce_signal(unsigned long long* flag, unsigned long long epoch) {
-    __threadfence_system();
-    *(volatile unsigned long long*)flag = epoch;
-}
-
-// One warp: wait until every flags[i] (i < n_flags, in this GPU's memory, written by the
-// peer) has reached `epoch`.
-extern "C" __global__ void peer_reduce_wait(const unsigned long long* flags, int n_flags,
-                                            unsigned long long epoch) {
-    for (int i = threadIdx.x; i < n_flags; i += blockDim.x) {
-        const volatile unsigned long long* flag = flags + i;
-        while (*flag < epoch) {
-            __nanosleep(128);
-        }
-    }
-    __syncthreads();
-    __threadfence_system();
-}
-
 // a + b rounded to nearest in the storage type, as NCCL's sum: inline PTX so that no
 // compiler flag (CuPy compiles with -ftz=true) flushes subnormals or fuses anything.
 __device__ __forceinline__ unsigned short add_rn(unsigned short a, unsigned short b) {
@@ -141,17 +130,16 @@ DTYPES = ("float16", "float32", "float64")
 
 _ADD_THREADS = 256
 _ADD_MAX_BLOCKS = 1024   # grid-stride beyond: a short kernel that never fills the GPU for long
-_FLAG_BYTES = 8          # unsigned long long
 
 
 @functools.cache
-def _kernels():
-    """The signal, wait and per-dtype add kernels, compiled and loaded once per process."""
+def _add_kernels():
+    """The per-dtype add kernels, compiled and loaded once per process (the signal and wait kernels are
+    :mod:`hpcgpu.transport.peer_memory`'s)."""
     import cupy
 
     module = cupy.RawModule(code=_SOURCE)
-    names = ["peer_reduce_signal", "peer_reduce_wait"] + [f"peer_reduce_add_{dtype}" for dtype in DTYPES]
-    return {name: module.get_function(name) for name in names}
+    return {dtype: module.get_function(f"peer_reduce_add_{dtype}") for dtype in DTYPES}
 
 
 def owned_range(lo, hi, rank):
@@ -186,7 +174,7 @@ def check_peer_reduce(comm, is_gpu=None, zero_stage=0):
         raise ConfigurationError("--allreduce peer cannot be used: " + "; ".join(problems))
 
 
-class PeerBucketReducer(_StreamBucketReducer):
+class PeerBucketReducer(StreamBucketReducer):
     """Copy-engine bucket sums between 2 GPUs of one node (module docstring).
 
     Same interface as the NCCL reducer: ``mark_backward_start()``, ``start(grads, lo, hi)``,
@@ -215,9 +203,8 @@ class PeerBucketReducer(_StreamBucketReducer):
         if grads.ndim != 1 or not grads.flags.c_contiguous:
             raise ValueError(f"the gradient buffer must be flat and contiguous, found shape {grads.shape}")
         super().__init__(arch)
-        kernels = _kernels()   # compile and load now, not while a wait kernel spins on the device
-        self._signal, self._wait = kernels["peer_reduce_signal"], kernels["peer_reduce_wait"]
-        self._add = kernels[f"peer_reduce_add_{dtype.name}"]
+        flag_kernels()   # compile and load now, not while a wait kernel spins on the device
+        self._add = _add_kernels()[dtype.name]
         self.rank, self.grads, self.buckets = comm.rank, grads, [tuple(b) for b in buckets]
         self._bucket_index = {bucket: index for index, bucket in enumerate(self.buckets)}
         n_buckets = len(self.buckets)
@@ -225,9 +212,9 @@ class PeerBucketReducer(_StreamBucketReducer):
         # row 0: scattered[bucket], row 1: gathered[bucket]; written by the peer only
         self.flags = cupy.zeros((2, max(1, n_buckets)), dtype=cupy.uint64)
         self._scratch_flag = cupy.zeros(1, dtype=cupy.uint64)
-        mine = {"grads": export_pointer(grads.data.ptr), "received": export_pointer(self.received.data.ptr),
-                "flags": export_pointer(self.flags.data.ptr), "n_params": int(grads.shape[0]),
-                "dtype": dtype.name, "buckets": self.buckets}
+        mine = {"window": export_addresses({"grads": grads.data.ptr, "received": self.received.data.ptr,
+                                            "flags": self.flags.data.ptr}),
+                "n_params": int(grads.shape[0]), "dtype": dtype.name, "buckets": self.buckets}
         everyone = comm.mpi.allgather(mine)
         # both ranks compare the same two records: the same verdict everywhere
         for key in ("n_params", "dtype", "buckets"):
@@ -236,21 +223,19 @@ class PeerBucketReducer(_StreamBucketReducer):
                                          f"{everyone[0][key]} on rank 0, {everyone[1][key]} on rank 1); "
                                          "every replica must hold the same model")
         peer = everyone[1 - comm.rank]
-        row_bytes = self.flags.shape[1] * _FLAG_BYTES
-        self._peer_grads = open_peer_pointer(peer["grads"])
-        self._peer_received = open_peer_pointer(peer["received"])
-        peer_flags = open_peer_pointer(peer["flags"])
+        row_bytes = self.flags.shape[1] * FLAG_BYTES
+        window = open_addresses(peer["window"])
+        self._peer_grads, self._peer_received, peer_flags = window["grads"], window["received"], window["flags"]
         self._peer_scattered, self._peer_gathered = peer_flags, peer_flags + row_bytes
         self._my_scattered, self._my_gathered = self.flags.data.ptr, self.flags.data.ptr + row_bytes
         self._epoch = 0
         self._started = None   # per bucket: started in the open round; None between rounds
         # Launch every kernel once (lazy module loading must not happen while a wait kernel spins).
         with on_stream(self.comm_stream):
-            self._signal((1,), (1,), (self._scratch_flag, np.uint64(0)))
-            self._wait((1,), (32,), (self._scratch_flag, np.int32(1), np.uint64(0)))
+            signal_flag(self._scratch_flag, 0)
+            wait_flags(self._scratch_flag, 1, 0)
             self._add((1,), (_ADD_THREADS,), (grads, self.received, np.int64(0)))
-        arch.synchronize()
-        comm.barrier()   # every mapping is open and every flag zeroed before anyone signals
+        ready_for_peer_stores(comm)   # every mapping is open and every flag zeroed before anyone signals
 
     def _copy_to_peer(self, peer_address, lo, hi):
         """Queue a copy-engine copy of my ``grads[lo:hi]`` to ``peer_address`` on the communication stream."""
@@ -274,17 +259,17 @@ class PeerBucketReducer(_StreamBucketReducer):
         if self._started[index]:
             raise RuntimeError(f"bucket {index} ({lo}, {hi}) started twice in one step")
         self._started[index] = True
-        epoch = np.uint64(self._epoch)
+        epoch = self._epoch
         itemsize = self.grads.itemsize
         own_lo, own_hi = owned_range(lo, hi, self.rank)
         sent_lo, sent_hi = owned_range(lo, hi, 1 - self.rank)
-        flag_offset = index * _FLAG_BYTES
+        flag_offset = index * FLAG_BYTES
         with on_stream(self.comm_stream):
             # a. the peer's half of my bucket -> its receive buffer; tell it
             self._copy_to_peer(self._peer_received, sent_lo, sent_hi)
-            self._signal((1,), (1,), (pointer_arg(self._peer_scattered + flag_offset), epoch))
+            signal_flag(self._peer_scattered + flag_offset, epoch)
             # b. the peer's copy of my half has arrived: add it
-            self._wait((1,), (32,), (pointer_arg(self._my_scattered + flag_offset), np.int32(1), epoch))
+            wait_flags(self._my_scattered + flag_offset, 1, epoch)
             n_owned = own_hi - own_lo
             if n_owned:
                 blocks = min(_ADD_MAX_BLOCKS, -(-n_owned // _ADD_THREADS))
@@ -294,7 +279,7 @@ class PeerBucketReducer(_StreamBucketReducer):
             # c. my reduced half -> the peer's gradient buffer (the peer already sent that range
             #    out: it signalled scattered before we got past the wait); tell it
             self._copy_to_peer(self._peer_grads, own_lo, own_hi)
-            self._signal((1,), (1,), (pointer_arg(self._peer_gathered + flag_offset), epoch))
+            signal_flag(self._peer_gathered + flag_offset, epoch)
 
     def _round_done(self):
         if self._started is None or not all(self._started):
@@ -303,8 +288,7 @@ class PeerBucketReducer(_StreamBucketReducer):
             raise RuntimeError(f"--allreduce peer: wait() before every bucket was started (missing {missing})")
         self._started = None
         with on_stream(self.comm_stream):
-            self._wait((1,), (32,), (pointer_arg(self._my_gathered), np.int32(len(self.buckets)),
-                                     np.uint64(self._epoch)))
+            wait_flags(self._my_gathered, len(self.buckets), self._epoch)
         done = self._event()
         done.record(self.comm_stream)
         self._round_events.append(done)

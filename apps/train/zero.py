@@ -27,8 +27,10 @@ Memory per rank for AdamW: parameters + gradients + ``2 / n_ranks`` of the momen
 
 import numpy as np
 
+from hpcgpu.transport.nccl import nccl_communicator, nccl_datatype
+
 from ._backend import is_cupy, to_numpy
-from .distributed import _load_optimizer_slices, mpi_supports
+from .reducers import load_optimizer_slices, mpi_supports
 
 
 def shard_ranges(n_params, n_ranks):
@@ -102,10 +104,8 @@ class ZeroRedundancy:
         import cupy
         from cupy.cuda import nccl
 
-        from hpcgpu.transport.nccl import _nccl_types, nccl_communicator
-
         nccl_comm = nccl_communicator(self.comm)
-        nccl_type = _nccl_types()[np.dtype(grads.dtype)]
+        nccl_type = nccl_datatype(grads.dtype)
         stream = cupy.cuda.get_current_stream().ptr   # the compute stream: ordered after backward
         chunk, size = self._chunk, self.comm.size
         base = grads.data.ptr
@@ -137,10 +137,8 @@ class ZeroRedundancy:
     def _all_gather_nccl(self, params):
         import cupy
 
-        from hpcgpu.transport.nccl import _nccl_types, nccl_communicator
-
         nccl_comm = nccl_communicator(self.comm)
-        nccl_type = _nccl_types()[np.dtype(params.dtype)]
+        nccl_type = nccl_datatype(params.dtype)
         stream = cupy.cuda.get_current_stream().ptr
         chunk, size = self._chunk, self.comm.size
         base = params.data.ptr
@@ -174,7 +172,7 @@ class ZeroRedundancy:
     def load_optimizer_state(self, optimizer_state, full_state):
         """Fill this rank's shard of ``optimizer_state`` from full host arrays; returns None."""
         lo, hi = self.ranges[self.comm.rank]
-        _load_optimizer_slices(optimizer_state, full_state, lo, hi)
+        load_optimizer_slices(optimizer_state, full_state, lo, hi)
 
     def measure_allreduce_alone(self, repeats=3):
         self.alone_seconds = None

@@ -1,0 +1,197 @@
+"""Bucket reducers: how one gradient bucket is summed over ranks, and shared helpers of the synchronisers.
+
+:class:`MpiBucketReducer` (CPU: ``MPI_Iallreduce`` in place), :class:`StreamBucketReducer` (the GPU
+base: a reduction queued on the communication stream between CUDA events, never blocking the host) and
+:class:`NcclBucketReducer` (NCCL's allreduce on that stream). The copy-engine reducer of
+``--allreduce peer`` (:class:`apps.train.peer_reduce.PeerBucketReducer`) is a :class:`StreamBucketReducer`
+too. :func:`mpi_supports` and :func:`load_optimizer_slices` serve both data parallelism
+(:mod:`apps.train.distributed`) and ZeRO-1 (:mod:`apps.train.zero`).
+"""
+
+import time
+
+import numpy as np
+
+from hpcgpu.transport.nccl import nccl_communicator, nccl_datatype
+
+from ._backend import is_cupy
+
+
+def mpi_supports(dtype):
+    """True when the MPI library reduces ``dtype`` natively (float16 is optional in MPI)."""
+    from mpi4py import MPI
+    from mpi4py.util.dtlib import from_numpy_dtype
+
+    try:
+        return from_numpy_dtype(np.dtype(dtype)) != MPI.DATATYPE_NULL
+    except (KeyError, ValueError, TypeError):
+        return False
+
+
+class MpiBucketReducer:
+    """Non-blocking MPI allreduce of host buffer slices (the CPU path)."""
+
+    def __init__(self, comm, dtype):
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.mpi = comm.mpi
+        # Without a native MPI float16, fp16 gradients travel as float32 copies.
+        self.staged = not mpi_supports(dtype)
+        self.requests = []
+        self.staging = []
+        self.exposed_seconds = 0.0
+
+    def start(self, grads, lo, hi):
+        target = grads[lo:hi]
+        if self.staged:
+            buffer = target.astype(np.float32)
+            self.staging.append((target, buffer))
+            target = buffer
+        self.requests.append(self.mpi.Iallreduce(self.MPI.IN_PLACE, target, op=self.MPI.SUM))
+        self.progress()
+
+    def progress(self):
+        if self.requests:
+            self.MPI.Request.Testall(self.requests)
+
+    def wait(self):
+        started = time.perf_counter()
+        self.MPI.Request.Waitall(self.requests)
+        for target, buffer in self.staging:
+            target[...] = buffer
+        self.requests, self.staging = [], []
+        self.exposed_seconds = time.perf_counter() - started
+
+
+class StreamBucketReducer:
+    """Bucket reductions queued on the communication stream, timed with CUDA events (GPU reducers).
+
+    Per bucket: the communication stream waits for a *ready* event of the compute stream,
+    then :meth:`_reduce` queues the reduction between a *start* and a *done* event. The host
+    never blocks; :meth:`wait` makes the compute stream wait for :meth:`_round_done`. The
+    events of a step are turned into seconds lazily, at the next step (:meth:`_resolve`),
+    into ``totals`` (``steps``, ``exposed``, ``busy``, ``backward``; seconds summed over steps).
+    """
+
+    def __init__(self, arch):
+        self.compute_stream, self.comm_stream = arch.compute_stream, arch.comm_stream
+        self._free_events = []
+        self._launched = []        # (start event, done event) of this step's buckets
+        self._round_events = []    # other events of this step, recycled with them
+        self._unresolved = None    # events of the previous step, read lazily
+        self._backward_start = None
+        self.totals = {"steps": 0, "exposed": 0.0, "busy": 0.0, "backward": 0.0}
+
+    def _event(self):
+        import cupy
+
+        return self._free_events.pop() if self._free_events else cupy.cuda.Event()
+
+    def mark_backward_start(self):
+        self._resolve()
+        self._backward_start = self._event()
+        self._backward_start.record(self.compute_stream)
+
+    def start(self, grads, lo, hi):
+        self._resolve()
+        ready, start, done = self._event(), self._event(), self._event()
+        # The communication stream may only read this slice once backward has written it.
+        ready.record(self.compute_stream)
+        self.comm_stream.wait_event(ready)
+        start.record(self.comm_stream)
+        self._reduce(grads, lo, hi)
+        done.record(self.comm_stream)
+        self._free_events.append(ready)   # reusable once recorded: nothing reads it later
+        self._launched.append((start, done))
+
+    def _reduce(self, grads, lo, hi):
+        """Queue the sum over ranks of ``grads[lo:hi]`` (in place) on the communication stream."""
+        raise NotImplementedError
+
+    def _round_done(self):
+        """The event after which every bucket of this step is reduced."""
+        return self._launched[-1][1]   # one communication stream: the last done covers all
+
+    def progress(self):
+        """The reductions progress on the device; nothing to do on the host."""
+
+    def wait(self):
+        if not self._launched:
+            return
+        round_done = self._round_done()
+        backward_end, synced = self._event(), self._event()
+        backward_end.record(self.compute_stream)
+        self.compute_stream.wait_event(round_done)
+        synced.record(self.compute_stream)
+        self._unresolved = (self._backward_start, backward_end, synced, self._launched, self._round_events)
+        self._launched, self._round_events, self._backward_start = [], [], None
+
+    def _resolve(self):
+        """Turn the previous step's events into seconds (they completed long ago)."""
+        import cupy
+
+        if self._unresolved is None:
+            return
+        backward_start, backward_end, synced, launched, round_events = self._unresolved
+        self._unresolved = None
+        synced.synchronize()
+        elapsed = cupy.cuda.get_elapsed_time
+        self.totals["steps"] += 1
+        self.totals["exposed"] += elapsed(backward_end, synced) / 1e3
+        self.totals["busy"] += sum(elapsed(start, done) for start, done in launched) / 1e3
+        if backward_start is not None:
+            self.totals["backward"] += elapsed(backward_start, backward_end) / 1e3
+            self._free_events.append(backward_start)
+        self._free_events += [backward_end, synced, *round_events]
+        for start, done in launched:
+            self._free_events += [start, done]
+
+
+class NcclBucketReducer(StreamBucketReducer):
+    """NCCL allreduce of device buffer slices on the communication stream (the GPU path)."""
+
+    def __init__(self, comm, arch, dtype):
+        super().__init__(arch)
+        self.nccl_comm = nccl_communicator(comm)
+        self.nccl_type = nccl_datatype(dtype)
+
+    def _reduce(self, grads, lo, hi):
+        from cupy.cuda import nccl
+
+        pointer = grads.data.ptr + lo * grads.itemsize
+        self.nccl_comm.allReduce(pointer, pointer, hi - lo, self.nccl_type, nccl.NCCL_SUM,
+                                 self.comm_stream.ptr)
+
+
+def load_optimizer_slices(optimizer_state, full_state, lo, hi):
+    """Fill ``optimizer_state`` in place from the slice ``[lo, hi)`` of full host arrays; returns None.
+
+    Parameters
+    ----------
+    optimizer_state : dict of str -> array
+        This rank's state: arrays of shape ``(hi - lo,)`` (NumPy or CuPy) and 0-d counters.
+    full_state : dict of str -> numpy.ndarray
+        The checkpoint's arrays over the whole flat buffer.
+    lo, hi : int or None
+        The slice this rank holds (``0, None``: all of it).
+    """
+    for key, value in optimizer_state.items():
+        if key not in full_state:
+            raise ValueError(f"checkpoint has no optimizer state {key!r} (it holds "
+                             f"{sorted(full_state)}); it was written with another optimizer")
+        saved = np.asarray(full_state[key])
+        if saved.ndim == 0:
+            optimizer_state[key] = np.asarray(saved, dtype=np.int64)
+            continue
+        piece = saved[lo:hi]
+        if piece.shape != value.shape:
+            raise ValueError(f"optimizer state {key!r}: checkpoint slice has shape {piece.shape}, "
+                             f"this rank expects {tuple(value.shape)}")
+        value[...] = piece if not is_cupy(value) else _to_device(value, piece)
+
+
+def _to_device(like, host):
+    import cupy
+
+    return cupy.asarray(host, dtype=like.dtype)
