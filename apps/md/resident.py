@@ -56,6 +56,7 @@ from ._arrays import THREADS_PER_BLOCK, blocks_for, raw_kernel
 from .cells import make_cell_grid
 from .forces import lanes_per_atom
 from .neighbors import GROWTH, NeighborList
+from .slab_plan import slab_problems
 from .watch import NOT_EXCEEDED
 
 #: Steps per graph (and per host check) when ``MDConfig.check_interval`` is None.
@@ -289,8 +290,6 @@ def resident_problems(state, config) -> list:
     if config.rebuild_every != 1 or not config.rebuild_check:
         problems.append("it checks the skin/2 displacement every step (--rebuild-every 1, no --no-check)")
     if state.domain.comm.size > 1:   # several GPUs: the slab driver's own conditions
-        from .resident_slab import slab_problems
-
         return problems + slab_problems(state, config)
     cells = cells_per_axis(state.box, config.ghost_width)
     if min(cells) < 3:

@@ -47,7 +47,10 @@ Results: the physics of the default driver; the list order follows the row order
 their order, arrivals follow in the senders' order), so thermo agrees with one rank and with the CPU to
 rounding (GPU tests: <= 1e-10 relative over 100 fp64 steps) and runs are bitwise reproducible.
 
-Kernels: :mod:`apps.md.resident_slab_kernels`; shared with one GPU: begin, sort, neighbours
+Modules: :mod:`apps.md.slab_plan` (which decompositions, device words), :mod:`apps.md.slab_capacity`
+(fixed-capacity arrays, overflow check and growth), :mod:`apps.md.slab_exchange` (migrants and ghosts by
+NCCL or peer memory), this one (the step, its graphs, builds). Kernels: :mod:`apps.md.resident_slab_kernels`;
+shared with one GPU: begin, sort, neighbours
 (:mod:`apps.md.resident`), first half + watch, forces, Langevin, second half (each reads the owned count
 from the device word ``words[W_OWNED]``).
 """
@@ -61,73 +64,52 @@ import weakref
 import numpy as np
 
 from hpcgpu.runtime.capture import when_not_capturing
+from hpcgpu.transport.nccl import nccl_communicator
 
 from . import resident_slab_kernels
 from ._arrays import THREADS_PER_BLOCK, blocks_for, raw_kernel
 from .cells import make_cell_grid
 from .forces import lanes_per_atom
-from .neighbors import GROWTH, NeighborList
-from .resident import DEFAULT_CHUNK, ChunkedGraphSteps, _phase, graph_conditionals_here, rebuild_skip
+from .resident import DEFAULT_CHUNK, ChunkedGraphSteps, graph_conditionals_here, rebuild_skip
+from .slab_capacity import SlabCapacities
+from .slab_exchange import SlabExchange
+from .slab_plan import (  # noqa: F401  (re-exported: the driver's words, sizes and checks)
+    F_GHOSTS,
+    F_MIGRANTS,
+    MAX_BLOCKS,
+    MIGRANT_WORDS,
+    N_WORDS,
+    PEER_TIMEOUT_SECONDS,
+    TILE,
+    W_BUILDS,
+    W_CELL_NEEDED,
+    W_GHOSTS_NEEDED,
+    W_LEAVE,
+    W_LEAVE_ALL,
+    W_LOST,
+    W_MIGRANTS_NEEDED,
+    W_NEIGHBORS_NEEDED,
+    W_OWNED,
+    W_OWNED_NEEDED,
+    W_PEER_TIMEOUT,
+    W_RECEIVED,
+    W_SEND,
+    W_STAY,
+    real_name,
+    slab_axis,
+    slab_kernel,
+    slab_problems,
+)
 from .watch import NOT_EXCEEDED
 
-#: Device words (``words`` array; the kernels' #defines): see resident_slab_kernels.
-W_BUILDS, W_NEIGHBORS_NEEDED, W_CELL_NEEDED, W_OWNED_NEEDED, W_GHOSTS_NEEDED, W_MIGRANTS_NEEDED, W_LOST, \
-    W_PEER_TIMEOUT = range(8)
-W_OWNED, W_STAY, W_SEND, W_LEAVE, W_LEAVE_ALL, W_RECEIVED = 8, 9, 10, 12, 14, 16
-N_WORDS = 20
-#: Doubles per migrant record (x y z vx vy vz m ix iy iz id type).
-MIGRANT_WORDS = 12
-#: Threads per block of the compaction kernels (their TILE) and the most blocks they use.
-TILE, MAX_BLOCKS = 256, 1024
 #: Tests set {"rows": .., "ghost_rows": .., "migrants": ..} to start below what a run needs (overflow redo).
 INITIAL_CAPACITIES = None
-#: Peer exchange: a wait kernel gives up after this many seconds without its neighbours' signal.
-PEER_TIMEOUT_SECONDS = 60.0
-#: Peer exchange flags and sequence numbers (uint64 words): migrants from low / high, ghosts from low / high;
-#: sequences: migrants sent / expected, ghosts sent / expected.
-F_MIGRANTS, F_GHOSTS = 0, 2
+
+_kernel = slab_kernel
+_real_name = real_name
 
 
-def slab_axis(domain) -> int | None:
-    """The axis the ranks divide (dims ``P`` there and 1 on the others), or None if not slabs."""
-    divided = [axis for axis, d in enumerate(domain.dims) if d > 1]
-    return divided[0] if len(divided) == 1 else None
-
-
-def slab_problems(state, config) -> list:
-    """Why the slab driver cannot run ``state`` on several ranks (an empty list: it can). Same on every rank."""
-    from hpcgpu.transport.nccl import nccl_available
-
-    domain = state.domain
-    problems = []
-    axis = slab_axis(domain)
-    if axis is None:
-        problems.append(f"several ranks need a slab decomposition (ranks on one axis only, e.g. --dims "
-                        f"{domain.comm.size},1,1); this one is {'x'.join(map(str, domain.dims))}")
-    if state.is_gpu and not nccl_available():
-        problems.append("several GPUs need NCCL (cupy.cuda.nccl)")
-    width = config.ghost_width
-    for other in range(3):
-        if other == axis:
-            continue
-        if math.floor(state.box[other] / width) < 3:
-            problems.append(f"the box must span at least 3 cells of cutoff + skin = {width:g} sigma on the undivided "
-                            f"axes (minimum image); axis {'xyz'[other]} is {state.box[other]:g} sigma")
-    if axis is not None and state.box[axis] / domain.dims[axis] < width:
-        problems.append(f"each slab must be at least cutoff + skin = {width:g} sigma thick; it is "
-                        f"{state.box[axis] / domain.dims[axis]:g}")
-    return problems
-
-
-def _kernel(name, dtype=None):
-    source, names = resident_slab_kernels._CUDA_SOURCE, resident_slab_kernels._NAMES
-    if dtype is None:
-        return raw_kernel(source, names, name)
-    real = "float" if np.dtype(dtype) == np.float32 else "double"
-    return raw_kernel(source, names, f"{name}<{real}>")
-
-
-class SlabResidentSteps(ChunkedGraphSteps):
+class SlabResidentSteps(SlabCapacities, SlabExchange, ChunkedGraphSteps):
     """Owns the fixed-capacity device arrays of one slab and runs chunks of steps as CUDA graphs.
 
     Takes over a :class:`~apps.md.distributed.DistributedState` built by the default driver (owned atoms
@@ -142,8 +124,6 @@ class SlabResidentSteps(ChunkedGraphSteps):
 
     def __init__(self, state, config):
         import cupy
-
-        from hpcgpu.transport.nccl import nccl_communicator
 
         self.config = config
         self.chunk = int(config.check_interval) if config.check_interval is not None else DEFAULT_CHUNK
@@ -270,194 +250,7 @@ class SlabResidentSteps(ChunkedGraphSteps):
                     "migrants_per_side": self.migrant_capacity, "cell": self.cell_capacity,
                     "neighbors": self.neighbor_capacity}}
 
-    # -- verification, overflow and redo ----------------------------------------------------------------
-    def _verify(self, state, timers=None) -> None:
-        if self._unverified is None:
-            return
-        start_step, n_steps, energy_last, end_step = self._unverified
-        while True:
-            words = self.words.get()   # waits for the chunk
-            needed = self._needed(words)
-            with _phase(timers, "communication"):
-                needed = self._global_max(needed)
-            self._check_peer_timeout(needed)
-            if not self._overflowed(needed):
-                if needed[6] > 0:   # after an overflow the chunk is redone: only a chunk that fitted counts
-                    from hpcgpu.errors import ConfigurationError
-
-                    raise ConfigurationError(f"{int(needed[6])} atom(s) moved further than a neighbouring slab "
-                                             "between two neighbour-list builds (a blown-up run: check dt and the "
-                                             "initial state)")
-                break
-            self.n_redone += 1
-            self._restore(start_step)
-            self._grow(needed)
-            self._build_from_reference()
-            with _phase(timers, "compute"):
-                self._launch(state, n_steps, energy_last)
-        self._unverified = None
-        self._publish(state, int(words[W_OWNED]))
-        state.n_builds = self.builds_base + int(words[W_BUILDS])
-        if energy_last:
-            n = state.n_local
-            state.per_atom_energy, state.energy_step = (self.per_atom[0, :n], self.per_atom[1, :n]), end_step
-
-    def _needed(self, words) -> np.ndarray:
-        """[neighbours, cell slots, rows, ghost rows, migrants, 0, lost, peer wait timed out]: what this rank's
-        chunk needed beyond its capacities (0 where it fitted), atoms lost, a failed peer exchange."""
-        needed = np.zeros(8, dtype=np.int64)
-        if words[W_NEIGHBORS_NEEDED] > self.neighbor_capacity:
-            needed[0] = words[W_NEIGHBORS_NEEDED]
-        if words[W_CELL_NEEDED] > self.cell_capacity:
-            needed[1] = words[W_CELL_NEEDED]
-        needed[2], needed[3], needed[4] = words[W_OWNED_NEEDED], words[W_GHOSTS_NEEDED], words[W_MIGRANTS_NEEDED]
-        needed[6], needed[7] = words[W_LOST], words[W_PEER_TIMEOUT]
-        return needed
-
-    def _global_max(self, needed) -> np.ndarray:
-        """Collective: the element-wise largest of every rank's ``needed`` (int64, shape (8,))."""
-        from mpi4py import MPI
-
-        self.comm.mpi.Allreduce(MPI.IN_PLACE, needed, op=MPI.MAX)
-        return needed
-
-    @staticmethod
-    def _check_peer_timeout(needed) -> None:
-        if needed[7] > 0:
-            from hpcgpu.errors import HaloError
-
-            raise HaloError(f"a slab neighbour's signal did not come within {PEER_TIMEOUT_SECONDS:g} s (peer "
-                            "exchange over CUDA IPC); rerun with --exchange nccl and report this")
-
-    @staticmethod
-    def _overflowed(needed) -> bool:
-        return bool(np.any(needed[:5] > 0))
-
-    def _grow(self, needed) -> None:
-        """Larger arrays for what overflowed (rows, ghost rows and migrants: the same sizes on every rank)."""
-        import cupy
-
-        grown = lambda count: int(math.ceil(count * GROWTH)) + 8  # noqa: E731
-        if needed[0] > self.neighbor_capacity:
-            self.neighbor_capacity = grown(needed[0])
-        if needed[1] > self.cell_capacity:
-            self.cell_capacity = grown(needed[1])
-        rows = max(self.row_capacity, grown(needed[2]) if needed[2] else 0)
-        ghosts = max(self.ghost_capacity, grown(needed[3]) if needed[3] else 0)
-        migrants = max(self.migrant_capacity, grown(needed[4]) if needed[4] else 0)
-        if (rows, ghosts) != (self.row_capacity, self.ghost_capacity):
-            self._relayout(rows, ghosts)
-        self.migrant_capacity = migrants
-        self._allocate_lists()
-        self.reallocations += 1
-        self._graphs.clear()
-        cupy.cuda.get_current_stream().synchronize()
-        if self.peer_exchange:
-            self._map_peers()   # collective: every rank grows at once
-
-    def _relayout(self, rows: int, ghosts: int) -> None:
-        """Copy the atom arrays into larger ones: owned rows stay, each ghost segment moves to its new start."""
-        import cupy
-
-        old_rows, old_ghosts = self.row_capacity, self.ghost_capacity
-        for name in ("positions", "reference", "types"):
-            old = getattr(self, name)
-            new = cupy.zeros((rows + 2 * ghosts,) + old.shape[1:], dtype=old.dtype)
-            new[:old_rows] = old[:old_rows]
-            for side in range(2):
-                new[rows + side * ghosts:rows + side * ghosts + old_ghosts] = \
-                    old[old_rows + side * old_ghosts:old_rows + (side + 1) * old_ghosts]
-            setattr(self, name, new)
-        for name in ("velocities", "forces", "masses", "images", "atom_ids"):
-            old = getattr(self, name)
-            new = cupy.zeros((rows,) + old.shape[1:], dtype=old.dtype)
-            new[:old_rows] = old
-            setattr(self, name, new)
-        for name in ("send_low", "send_high"):
-            old = getattr(self, name)
-            new = cupy.zeros(ghosts, dtype=cupy.int32)
-            new[:old_ghosts] = old
-            setattr(self, name, new)
-        self.row_capacity, self.ghost_capacity = rows, ghosts
-        self._saved = {name: array.copy() for name, array in self._snapshot_arrays().items()}
-        self._scratch_forces = cupy.zeros_like(self.forces)
-        self.per_atom = cupy.zeros((2, rows), dtype=cupy.float64)
-        self.masks = cupy.zeros(rows, dtype=cupy.int32)
-
-    # -- arrays ------------------------------------------------------------------------------------------
-    def _allocate_atoms(self, state, n: int) -> None:
-        import cupy
-
-        rows, ghosts = self.row_capacity, self.ghost_capacity
-        dtype = state.positions.dtype
-        self.positions = cupy.zeros((rows + 2 * ghosts, 3), dtype=dtype)
-        self.reference = cupy.zeros((rows + 2 * ghosts, 3), dtype=dtype)
-        self.types = cupy.zeros(rows + 2 * ghosts, dtype=cupy.int32)
-        self.velocities = cupy.zeros((rows, 3), dtype=dtype)
-        self.forces = cupy.zeros((rows, 3), dtype=dtype)
-        self.masses = cupy.ones(rows, dtype=dtype)
-        self.images = cupy.zeros((rows, 3), dtype=cupy.int32)
-        self.atom_ids = cupy.zeros(rows, dtype=cupy.int64)
-        self.positions[:n] = state.positions[:n]
-        self.reference[:n] = state.neighbor_list.reference_positions[:n]
-        self.types[:n] = state.types[:n]
-        self.velocities[:n] = state.velocities[:n]
-        self.forces[:n] = state.forces[:n]
-        self.masses[:n] = state.masses[:n]
-        self.images[:n] = state.images[:n]
-        self.atom_ids[:n] = state.atom_ids[:n]
-        self.send_low = cupy.zeros(ghosts, dtype=cupy.int32)
-        self.send_high = cupy.zeros(ghosts, dtype=cupy.int32)
-        self.words = cupy.zeros(N_WORDS, dtype=cupy.int32)
-        self.words[W_OWNED] = n
-        self.masks = cupy.zeros(rows, dtype=cupy.int32)
-        self.per_atom = cupy.zeros((2, rows), dtype=cupy.float64)
-        self._scratch_forces = cupy.zeros_like(self.forces)
-        self._saved = {name: array.copy() for name, array in self._snapshot_arrays().items()}
-
-    def _allocate_lists(self) -> None:
-        """Cell slots, neighbour list, compaction and message buffers at the current capacities."""
-        import cupy
-
-        rows = self.row_capacity
-        self.n_blocks = min(MAX_BLOCKS, max(1, -(-rows // TILE)))
-        self.block_counts = cupy.zeros(4 * self.n_blocks, dtype=cupy.int32)
-        self.leaving_low = cupy.zeros(self.migrant_capacity, dtype=cupy.int32)
-        self.leaving_high = cupy.zeros(self.migrant_capacity, dtype=cupy.int32)
-        self.leaving = cupy.zeros(2 * self.migrant_capacity, dtype=cupy.int32)
-        message = 1 + MIGRANT_WORDS * self.migrant_capacity
-        self.migrants_out = cupy.zeros((2, message), dtype=cupy.float64)
-        self.migrants_in = cupy.zeros((2, message), dtype=cupy.float64)
-        self.ghost_positions_out = cupy.zeros((2, self.ghost_capacity, 3), dtype=self.positions.dtype)
-        self.ghost_types_out = cupy.zeros((2, self.ghost_capacity), dtype=cupy.int32)
-        self.ghost_counts_out = cupy.zeros(2, dtype=cupy.int32)
-        self.cell_count = cupy.zeros(self.n_cells, dtype=cupy.int32)
-        self.cell_atoms = cupy.zeros(self.n_cells * self.cell_capacity, dtype=cupy.int32)
-        self.neighbors = cupy.zeros((self.neighbor_capacity, rows), dtype=cupy.int32)
-        self.counts = cupy.zeros(rows, dtype=cupy.int32)
-
-    def _snapshot_arrays(self) -> dict:
-        return {name: getattr(self, name) for name in (
-            "positions", "reference", "types", "velocities", "forces", "masses", "images", "atom_ids",
-            "send_low", "send_high", "words")}
-
-    def _publish(self, state, n: int) -> None:
-        """Point the state at the first ``n`` rows (the owned atoms) of the arrays."""
-        state.n_local = n
-        for name in ("positions", "velocities", "forces", "masses", "types", "atom_ids", "images"):
-            setattr(state, name, getattr(self, name)[:n])
-        state.n_reallocations = self.reallocations
-        state.neighbor_list = NeighborList(neighbors=self.neighbors, counts=self.counts[:n], cutoff=self.width,
-                                           skin=float(self.config.skin), reference_positions=self.reference[:n],
-                                           n_reallocations=self.reallocations)
-
-    def _restore(self, start_step: int) -> None:
-        for name, array in self._snapshot_arrays().items():
-            array[...] = self._saved[name]
-        self.counter.fill(start_step)
-        self.watch[0] = NOT_EXCEEDED
-
-    # -- kernels -------------------------------------------------------------------------------------------
+    # -- kernels (verification, overflow and arrays: SlabCapacities; exchanges: SlabExchange) ----------------
     def _load_kernels(self, dtype) -> None:
         """Compile and load every kernel a graph holds now: no module loading while a stream captures."""
         from . import forces, integrate, resident, watch
@@ -473,187 +266,6 @@ class SlabResidentSteps(ChunkedGraphSteps):
         raw_kernel(forces._CUDA_SOURCE, forces._NAMES, f"md_lj_forces<{real}>")
         for name in ("md_langevin", "md_second_half"):
             raw_kernel(integrate._CUDA_SOURCE, integrate._NAMES, f"{name}<{real}>")
-
-    def _compaction_launch(self, kernel, arguments) -> None:
-        kernel((self.n_blocks,), (TILE,), arguments)
-
-    def _scan(self, totals) -> None:
-        _kernel("slab_scan")((1,), (MAX_BLOCKS,), (self.block_counts, np.int32(self.n_blocks), self.words,
-                                                   *(np.int32(t) for t in totals), self.watch))
-
-    def _scatter(self, outputs) -> None:
-        arguments = []
-        for array, capacity in outputs:
-            arguments += [np.uint64(0) if array is None else array, np.int32(capacity)]
-        self._compaction_launch(_kernel("slab_scatter"), (self.masks, self.words, np.int32(self.row_capacity),
-                                                          self.block_counts, *arguments, self.watch))
-
-    def _record_migration(self, mark=None) -> None:
-        """[flag] classify -> leaving lists -> pack, fill gaps -> NCCL -> arrivals."""
-        mark = mark or (lambda name: None)
-        dtype, real = self.positions.dtype, self.real
-        rows, capacity = self.row_capacity, self.migrant_capacity
-        self._compaction_launch(_kernel("slab_classify", dtype), (
-            self.positions, self.images, self.words, np.int32(rows), *(real(v) for v in self.box), np.int32(self.axis),
-            *self.bounds, self.masks, self.block_counts, self.watch))
-        self._scan((W_STAY, W_LEAVE, W_LEAVE + 1, W_LEAVE_ALL))
-        self._scatter(((None, 0), (self.leaving_low, capacity), (self.leaving_high, capacity),
-                       (self.leaving, 2 * capacity)))
-        atoms = (self.positions, self.velocities, self.masses, self.images, self.atom_ids, self.types)
-        if self.peer_exchange:   # straight into the neighbours' receive buffers
-            destinations = tuple(np.uint64(self._remote[side]["migrants"]) for side in range(2))
-        else:
-            destinations = (self.migrants_out[0], self.migrants_out[1])
-        _kernel("slab_pack_migrants", dtype)((blocks_for(2 * capacity),), (THREADS_PER_BLOCK,), (
-            self.positions, self.velocities, self.masses, self.images, self.atom_ids, self.types, self.leaving_low,
-            self.leaving_high, self.words, np.int32(capacity), *destinations, self.watch))
-        _kernel("slab_fill_gaps", dtype)((blocks_for(2 * capacity),), (THREADS_PER_BLOCK,), (
-            *atoms, self.leaving, np.int32(2 * capacity), self.words, self.watch))
-        mark("[flag] classify, leaving lists, pack")
-        if self.peer_exchange:
-            self._signal_and_wait(F_MIGRANTS, only_on_rebuild=True)
-        else:
-            self._exchange([(self.migrants_out[side], self.migrants_in[side]) for side in range(2)])
-        mark("migrants exchanged")
-        _kernel("slab_unpack_migrants", dtype)((blocks_for(2 * capacity),), (THREADS_PER_BLOCK,), (
-            *atoms, self.migrants_in[0], self.migrants_in[1], np.int32(capacity), self.words, np.int32(rows),
-            self.watch))
-        mark("[flag] unpack migrants")
-
-    def _record_ghost_lists(self, source) -> None:
-        """[flag] owned rows near the slab faces (of ``source``) -> the two ghost send lists."""
-        self._compaction_launch(_kernel("slab_select_ghosts", source.dtype), (
-            source, self.words, np.int32(self.row_capacity), np.int32(self.axis), *self.ghost_limits, self.masks,
-            self.block_counts, self.watch))
-        self._scan((W_SEND, W_SEND + 1, -1, -1))
-        self._scatter(((self.send_low, self.ghost_capacity), (self.send_high, self.ghost_capacity), (None, 0),
-                       (None, 0)))
-
-    def _record_ghost_exchange(self, source, mark=None) -> None:
-        """Every step: pack the send lists' rows of ``source`` and receive the neighbours' into the ghost rows."""
-        mark = mark or (lambda name: None)
-        capacity, rows = self.ghost_capacity, self.row_capacity
-        if self.peer_exchange:   # straight into the neighbours' ghost rows (of positions, as NCCL receives)
-            destinations = [np.uint64(self._remote[side][key]) for key in ("positions", "types", "count")
-                            for side in range(2)]
-        else:
-            destinations = [self.ghost_positions_out[0], self.ghost_positions_out[1], self.ghost_types_out[0],
-                            self.ghost_types_out[1], self.ghost_counts_out[0:1], self.ghost_counts_out[1:2]]
-        _kernel("slab_pack_ghosts", source.dtype)((blocks_for(2 * capacity),), (THREADS_PER_BLOCK,), (
-            source, self.types, self.send_low, self.send_high, self.words, np.int32(capacity), np.int32(self.axis),
-            *self.shifts, *destinations))
-        mark("pack ghosts")
-        if self.peer_exchange:
-            self._signal_and_wait(F_GHOSTS, only_on_rebuild=False)
-            mark("ghosts exchanged")
-            return
-        pairs = []
-        for side in range(2):
-            start = rows + side * capacity
-            pairs.append([(self.ghost_positions_out[side], self.positions[start:start + capacity]),
-                          (self.ghost_types_out[side], self.types[start:start + capacity]),
-                          (self.ghost_counts_out[side:side + 1], self.words[W_RECEIVED + side:W_RECEIVED + side + 1])])
-        self._exchange(pairs)
-        mark("ghosts exchanged")
-
-    def _signal_and_wait(self, kind: int, only_on_rebuild: bool) -> None:
-        """Peer exchange: tell both neighbours that this rank's stores into their memory are done, then wait
-        for theirs (``kind``: F_MIGRANTS or F_GHOSTS)."""
-        sequence, flags = self.peer_sequence, self.peer_flags
-        _kernel("slab_signal")((1,), (1,), (sequence[kind:], np.uint64(self._remote[0][f"flag{kind}"]),
-                                            np.uint64(self._remote[1][f"flag{kind}"]), np.int32(only_on_rebuild),
-                                            self.watch))
-        _kernel("slab_wait")((1,), (1,), (sequence[kind + 1:], flags[kind:], np.int32(only_on_rebuild), self.watch,
-                                          self.words, np.float64(PEER_TIMEOUT_SECONDS)))
-
-    def _choose_exchange(self, mode: str) -> bool:
-        """Collective: True for the peer exchange (stores into the neighbours' memory, mapped with CUDA IPC:
-        all ranks on one node), False for NCCL send/receive. ``mode``: "auto", "peer" or "nccl"."""
-        from hpcgpu.errors import ConfigurationError
-
-        if mode == "nccl":
-            return False
-        if self.comm.n_nodes > 1:
-            if mode == "peer":
-                raise ConfigurationError(f"exchange 'peer' maps the neighbours' GPU memory (CUDA IPC): every rank "
-                                         f"must run on one node, this job has {self.comm.n_nodes}; use auto or nccl")
-            return False
-        try:
-            self._map_peers()   # the same outcome on every rank
-        except RuntimeError as error:
-            if mode == "peer":
-                raise ConfigurationError(f"exchange 'peer': CUDA IPC mapping failed ({error}); use nccl") from error
-            return False
-        return True
-
-    def _map_peers(self) -> None:
-        """Collective: map each neighbour's receiving memory (its ghost rows of positions, ghost types,
-        received-count word, migrant buffer and flags, on the side facing this rank). Again after every
-        growth (new arrays). Raises the same error on every rank when any rank fails."""
-        import cupy
-
-        from hpcgpu.transport.cuda_ipc import export_pointer, open_peer_pointer
-
-        def on_every_rank(work):
-            """Run ``work()`` here, then agree: every rank gets [results] or the same RuntimeError."""
-            try:
-                result, failure = work(), ""
-            except Exception as error:   # noqa: BLE001 -- reported on every rank below
-                result, failure = None, f"rank {self.comm.rank}: {type(error).__name__}: {error}"
-            everyone = self.comm.mpi.allgather((result, failure))
-            failures = [f for _, f in everyone if f]
-            if failures:
-                raise RuntimeError(failures[0])
-            return [r for r, _ in everyone]
-
-        rows, capacity = self.row_capacity, self.ghost_capacity
-        flag_bytes = self.peer_flags.itemsize
-
-        def export():
-            mine = []
-            for side in range(2):   # what a neighbour on this side writes into
-                first_ghost = rows + side * capacity
-                mine.append({
-                    "positions": self.positions.data.ptr + first_ghost * 3 * self.positions.itemsize,
-                    "types": self.types.data.ptr + first_ghost * self.types.itemsize,
-                    "count": self.words.data.ptr + (W_RECEIVED + side) * self.words.itemsize,
-                    "migrants": self.migrants_in[side].data.ptr,
-                    f"flag{F_MIGRANTS}": self.peer_flags.data.ptr + (F_MIGRANTS + side) * flag_bytes,
-                    f"flag{F_GHOSTS}": self.peer_flags.data.ptr + (F_GHOSTS + side) * flag_bytes})
-            return [{key: export_pointer(address) for key, address in entry.items()} for entry in mine]
-
-        everyone = on_every_rank(export)
-        # this rank's low neighbour receives what goes low on ITS high side, and the other way round
-        self._remote = on_every_rank(lambda: [
-            {key: open_peer_pointer(value) for key, value in everyone[self.peer[name]][1 - side].items()}
-            for side, name in enumerate(("low", "high"))])[self.comm.rank]
-        cupy.cuda.Device().synchronize()
-        self.comm.barrier()
-
-    def _exchange(self, per_side) -> None:
-        """One NCCL group: ``per_side[0]`` goes to the low neighbour and its receive buffers fill from the low
-        neighbour, likewise ``per_side[1]`` with the high one. Each entry: (send, receive) or a list of them.
-
-        Sends go high first, receives come from low first: with two slabs both neighbours are one rank,
-        NCCL matches a pair's messages in posting order, and this rank's high message is that rank's
-        message from low (and the other way round)."""
-        import cupy
-        from cupy.cuda import nccl
-
-        from hpcgpu.transport.nccl import _type_and_count
-
-        stream = cupy.cuda.get_current_stream().ptr
-        sides = [entry if isinstance(entry, list) else [entry] for entry in per_side]
-        nccl.groupStart()
-        for side, peer in ((1, self.peer["high"]), (0, self.peer["low"])):
-            for send, _ in sides[side]:
-                nccl_type, count = _type_and_count(send)
-                self.nccl.send(send.data.ptr, count, nccl_type, peer, stream)
-        for side, peer in ((0, self.peer["low"]), (1, self.peer["high"])):
-            for _, receive in sides[side]:
-                nccl_type, count = _type_and_count(receive)
-                self.nccl.recv(receive.data.ptr, count, nccl_type, peer, stream)
-        nccl.groupEnd()
 
     def _record_build(self, copy_owned: bool, copy_ghosts: bool, count_build: bool) -> None:
         """[flag] bin owned + ghost rows -> sort cells -> neighbour list (from the reference positions)."""
@@ -750,24 +362,7 @@ class SlabResidentSteps(ChunkedGraphSteps):
                 self.velocities, self.forces, self.masses, np.int32(rows), dtype.type(config.dt), active))
         mark("Langevin + second half")
 
-    def _record_save(self) -> None:
-        for name, array in self._snapshot_arrays().items():
-            self._saved[name].data.copy_from_device_async(array.data, array.nbytes)
-
     # -- builds outside the graphs ----------------------------------------------------------------------------
-    def _nccl_warm_up(self) -> None:
-        """Eager NCCL calls before any capture: peer connections and collective channels are set up here
-        (set-up inside a stream capture would fail)."""
-        import cupy
-        from cupy.cuda import nccl
-
-        stream = cupy.cuda.get_current_stream().ptr
-        probe = cupy.zeros(1, dtype=cupy.int32)
-        self.nccl.allReduce(probe.data.ptr, probe.data.ptr, 1, nccl.NCCL_INT32, nccl.NCCL_MIN, stream)
-        if not self.peer_exchange:
-            self._exchange([(self.migrants_out[side], self.migrants_in[side]) for side in range(2)])
-        cupy.cuda.get_current_stream().synchronize()
-
     def _initial_ghosts_and_list(self) -> None:
         """Collective: the ghosts of the last build (from the reference positions), the list of that build,
         then the ghosts' current positions. Grows (on every rank alike) until everything fits."""
@@ -824,7 +419,3 @@ def _drop_after_device(graphs: dict, stream=None) -> None:
     cupy.cuda.Device().synchronize()
     graphs.clear()
     del stream
-
-
-def _real_name(dtype) -> str:
-    return "float" if np.dtype(dtype) == np.float32 else "double"
