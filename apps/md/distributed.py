@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hpcgpu.arch import is_device_array
 from hpcgpu.particles import GhostExchange, ParticleDomain, migrate
 
 from ._arrays import array_module, to_numpy
@@ -87,7 +88,7 @@ class DistributedState(MDState):
 
     @property
     def is_gpu(self) -> bool:
-        return type(self.positions).__module__.startswith("cupy")
+        return is_device_array(self.positions)
 
 
 def init(domain: ParticleDomain, positions, velocities, config: MDConfig, types=None, masses=None,

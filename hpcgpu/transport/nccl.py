@@ -93,11 +93,6 @@ def nccl_type_and_count(array) -> tuple[int, int]:
     return datatype, array.size
 
 
-# Old private names, kept until the apps that imported them use the public ones.
-_nccl_types = _datatypes
-_type_and_count = nccl_type_and_count
-
-
 @dataclass(frozen=True)
 class NcclMessage:
     """One point-to-point message resolved to what NCCL takes: a device address, an element count and
