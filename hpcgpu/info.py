@@ -6,7 +6,8 @@ NVLink / PCIe matrix between the GPUs of each node; the NCCL version and the bac
 Then, per node (:mod:`hpcgpu.runtime.topology`): each GPU's NUMA node, the network adapters
 (InfiniBand HCAs and interfaces) with their PCI distance to each GPU, whether GPUDirect RDMA is
 possible, and per local rank the CPUs to bind to and the ``NCCL_IB_HCA`` to use (``--apply`` prints
-them as shell lines a job script can eval; ``--nccl-topology`` adds NCCL's own view on a GPU).
+them as shell lines a job script can eval, ``--apply-to FILE`` writes them to FILE besides the report;
+``--nccl-topology`` adds NCCL's own view on a GPU).
 Warns when a rank's CPUs are far from its GPU or when ranks share a GPU. Runs under mpiexec/srun
 (one row per rank) or alone.
 """
@@ -76,6 +77,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--apply", action="store_true",
                         help="print only shell lines a job script can eval: per node-local rank, export "
                              "HPCGPU_RECOMMENDED_CPUS and NCCL_IB_HCA")
+    parser.add_argument("--apply-to", metavar="FILE", default=None,
+                        help="print the report as usual and also write the --apply lines to FILE (the job "
+                             "scripts source it in each rank's launch wrapper)")
     parser.add_argument("--nccl-topology", action="store_true",
                         help="on a GPU: start a one-rank NCCL communicator with NCCL_TOPO_DUMP_FILE set and "
                              "summarise the topology NCCL detected")
@@ -292,4 +296,7 @@ def main(args) -> int:
             else:
                 text = json.dumps(report, indent=2) if args.json else format_report(report)
             print(text, flush=True)
+            if getattr(args, "apply_to", None):
+                with open(args.apply_to, "w") as handle:
+                    handle.write(format_exports(report) + "\n")
     return 0

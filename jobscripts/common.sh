@@ -28,7 +28,8 @@ if [ -z "${HPCGPU_ROOT:-}" ] && [ -f "${SLURM_SUBMIT_DIR:-$PWD}/hpcgpu/__init__.
 fi
 HPCGPU_PYTHON=${HPCGPU_PYTHON:-python}       # e.g. /path/to/venv/bin/python (no `activate` needed)
 HPCGPU_RUNS_DIR=${HPCGPU_RUNS_DIR:-runs}
-HPCGPU_INFO=${HPCGPU_INFO:-1}                # 0: skip the `python -m hpcgpu info` report
+HPCGPU_INFO=${HPCGPU_INFO:-1}                # 0: skip the `python -m hpcgpu info` report (and the binding it recommends)
+HPCGPU_BIND=${HPCGPU_BIND:-topology}         # topology: each rank bound as the report recommends; launcher: launcher's only
 HPCGPU_APP_ARGS=${HPCGPU_APP_ARGS:-}         # appended to the app's flags (the last value of a flag wins)
 HPCGPU_MAX_RESTARTS=${HPCGPU_MAX_RESTARTS:-20}
 HPCGPU_SIGNAL_GRACE=${HPCGPU_SIGNAL_GRACE:-60}
@@ -81,6 +82,13 @@ fi
 # Not measured with hpcgpu: docs/jobscripts.md#nccl-on-infiniband-and-slingshot has the details.
 
 # ---------------------------------------------------------------- the launcher
+# Flags of the topology report: on GPU nodes also NCCL's own view of the topology (one NCCL
+# communicator of one rank, a second or two); set HPCGPU_INFO_FLAGS= (empty) to skip that.
+if [ -z "${HPCGPU_INFO_FLAGS+set}" ] && [ "${SLURM_GPUS_ON_NODE:-0}" != 0 ] \
+        && [ "${SLURM_GPUS_ON_NODE//[!0-9]/}" = "${SLURM_GPUS_ON_NODE:-0}" ]; then
+    HPCGPU_INFO_FLAGS=--nccl-topology
+fi
+HPCGPU_INFO_FLAGS=${HPCGPU_INFO_FLAGS:-}
 # srun's MPI plugin: the site's default (slurm.conf MpiDefault, or SLURM_MPI_TYPE) unless
 # HPCGPU_SRUN_MPI names one: pmi2 for the MPICH wheel and most MPICH-based MPIs, pmix for Open MPI 5
 # and PMIx builds (`srun --mpi=list` shows what this Slurm offers).
@@ -162,15 +170,52 @@ _hpcgpu_prepare() {
                "code ${HPCGPU_ROOT:-installed hpcgpu (no HPCGPU_ROOT checkout)}"
 }
 
-# The topology and binding report (rank -> node -> GPU -> CPUs, links, warnings), in the log and
-# in info.txt. A failure here is reported but does not stop the job: the app would say more.
+# Each rank's launch wrapper when the report recommends a binding (HPCGPU_BIND=topology): source the
+# `hpcgpu info --apply` lines ($0; a `case` on the node-local rank exporting HPCGPU_RECOMMENDED_CPUS =
+# the rank's share of its GPU's NUMA node, and NCCL_IB_HCA = the nearest InfiniBand adapter), keep a
+# NCCL_IB_HCA the user exported, and run the rank under `taskset -c` when the job may use those CPUs
+# (a cgroup of a shared node may not allow them: then the launcher's binding stays, with a warning).
+_HPCGPU_BIND_RANK='user_hca=${NCCL_IB_HCA-hpcgpu-unset}
+. "$0" || exit 2
+[ "$user_hca" = hpcgpu-unset ] || export NCCL_IB_HCA="$user_hca"
+if [ -n "${HPCGPU_RECOMMENDED_CPUS:-}" ]; then
+    if taskset -c "$HPCGPU_RECOMMENDED_CPUS" true 2>/dev/null; then
+        exec taskset -c "$HPCGPU_RECOMMENDED_CPUS" "$@"
+    fi
+    echo "[hpcgpu-job] rank ${SLURM_PROCID:-${PMI_RANK:-?}}: cannot bind to CPUs $HPCGPU_RECOMMENDED_CPUS (not allowed for this job); keeping the launcher binding" >&2
+fi
+exec "$@"'
+HPCGPU_RANK_WRAPPER=()
+
+# The topology and binding report (rank -> node -> GPU -> CPUs, links, network, warnings), in the log
+# and in info.txt, and its recommended binding in topology.sh. A failure here is reported but does not
+# stop the job: the app would say more.
 _hpcgpu_info() {
-    [ "$HPCGPU_INFO" = 1 ] || return 0
-    hpcgpu_log "topology: ${HPCGPU_LAUNCH[*]} $HPCGPU_PYTHON -m hpcgpu info"
-    "${HPCGPU_LAUNCH[@]}" "$HPCGPU_PYTHON" -m hpcgpu info > "$HPCGPU_RUN_DIR/info.txt" 2>&1
-    local rc=$?
+    [ "$HPCGPU_INFO" = 1 ] || { hpcgpu_log "binding: the launcher's (HPCGPU_INFO=0: no topology report)"; return 0; }
+    local topology="$HPCGPU_RUN_DIR/topology.sh" flags rc
+    read -r -a flags <<< "$HPCGPU_INFO_FLAGS"
+    rm -f "$topology"
+    hpcgpu_log "topology: ${HPCGPU_LAUNCH[*]} $HPCGPU_PYTHON -m hpcgpu info ${flags[*]} --apply-to $topology"
+    "${HPCGPU_LAUNCH[@]}" "$HPCGPU_PYTHON" -m hpcgpu info "${flags[@]}" --apply-to "$topology" \
+        > "$HPCGPU_RUN_DIR/info.txt" 2>&1
+    rc=$?
     cat "$HPCGPU_RUN_DIR/info.txt"
     [ $rc -eq 0 ] || hpcgpu_log "WARNING: hpcgpu info exited with $rc (see above); starting the app anyway"
+    _hpcgpu_binding "$topology"
+}
+
+# Sets HPCGPU_RANK_WRAPPER from the recommendation in topology.sh (when there is one and HPCGPU_BIND=topology).
+_hpcgpu_binding() {
+    if [ "$HPCGPU_BIND" = topology ] && [ -f "$1" ] && grep -q ') export ' "$1"; then
+        HPCGPU_RANK_WRAPPER=(bash -c "$_HPCGPU_BIND_RANK" "$1")
+        hpcgpu_log "binding: as the report recommends ($1: CPUs near each rank's GPU with taskset -c," \
+                   "NCCL_IB_HCA unless exported); HPCGPU_BIND=launcher keeps the launcher's binding only"
+    elif [ "$HPCGPU_BIND" = topology ]; then
+        hpcgpu_log "binding: the launcher's (the report recommends none here: no GPU, or no NUMA / InfiniBand" \
+                   "information)"
+    else
+        hpcgpu_log "binding: the launcher's (HPCGPU_BIND=$HPCGPU_BIND)"
+    fi
 }
 
 _hpcgpu_report_exit() {
@@ -191,8 +236,8 @@ hpcgpu_run() {
     _hpcgpu_info
     read -r -a extra <<< "$HPCGPU_APP_ARGS"
     set -- --output "$HPCGPU_RUN_DIR" --summary "$HPCGPU_RUN_DIR/summary.json" "$@" "${extra[@]}"
-    hpcgpu_log "launch: ${HPCGPU_LAUNCH[*]} $HPCGPU_PYTHON -m $app $*"
-    "${HPCGPU_LAUNCH[@]}" "$HPCGPU_PYTHON" -m "$app" "$@"
+    hpcgpu_log "launch: ${HPCGPU_LAUNCH[*]}${HPCGPU_RANK_WRAPPER:+ [bind wrapper]} $HPCGPU_PYTHON -m $app $*"
+    "${HPCGPU_LAUNCH[@]}" "${HPCGPU_RANK_WRAPPER[@]}" "$HPCGPU_PYTHON" -m "$app" "$@"
     rc=$?
     _hpcgpu_report_exit $rc
     exit $rc
@@ -262,9 +307,9 @@ hpcgpu_run_preemptible() {
         rc=75
         hpcgpu_log "signal before the app started: not starting it"
     else
-        hpcgpu_log "launch: ${HPCGPU_LAUNCH[*]} $HPCGPU_PYTHON -m $app $*"
+        hpcgpu_log "launch: ${HPCGPU_LAUNCH[*]}${HPCGPU_RANK_WRAPPER:+ [bind wrapper]} $HPCGPU_PYTHON -m $app $*"
         _hpcgpu_launched_at=$SECONDS
-        "${HPCGPU_LAUNCH[@]}" "$HPCGPU_PYTHON" -m "$app" "$@" &
+        "${HPCGPU_LAUNCH[@]}" "${HPCGPU_RANK_WRAPPER[@]}" "$HPCGPU_PYTHON" -m "$app" "$@" &
         _hpcgpu_launcher_pid=$!
         # `wait` returns early (status > 128) whenever a trapped signal arrives; a short sleep lets
         # a held signal be forwarded once the app is ready. Loop until the launcher is gone, then

@@ -21,6 +21,10 @@ copy that never left the device, not a link.
 Example (2 GPUs)::
 
     mpiexec -n 2 python -m hpcgpu.bench halo --transports nccl,mpi-staged --json halo.json
+
+``--simulate-nodes K`` places the blocks as if the ranks were on K nodes (``HPCGPU_SIMULATE_NODES``,
+:mod:`hpcgpu.decomposition_comm`) and prints the halo bytes inside and between those nodes; with the
+NCCL settings of docs/multinode.md the exchange between "nodes" then takes NCCL's network path.
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--local-rows", type=int, default=2, help="rows layout: owned rows per rank [2]")
     parser.add_argument("--periodic", action="store_true", help="periodic along the cut axis (2 ranks: one peer on both sides)")
     parser.add_argument("--side-halo", type=int, default=0, help="ghost width along the uncut axis [0]")
+    parser.add_argument("--simulate-nodes", default=None, metavar="K[:cyclic]",
+                        help="place the blocks as if the ranks were on K nodes (HPCGPU_SIMULATE_NODES; the "
+                             "transports are unchanged: docs/multinode.md forces NCCL onto its network path)")
     parser.add_argument("--json", default=None, help="write results to this JSON file")
 
 
@@ -129,9 +136,15 @@ def measure(comm, arch, transport, layout: str, n_values: int, dtype: str, secon
 
 
 def main(args) -> int:
+    import os
+
     import hpcgpu
+    from hpcgpu.decomposition_comm import SIMULATE_NODES_ENV
+    from hpcgpu.decomposition_nodes import header_line
     from hpcgpu.transport import make_transport
 
+    if args.simulate_nodes:
+        os.environ[SIMULATE_NODES_ENV] = args.simulate_nodes   # every rank parses the same arguments
     comm = hpcgpu.Communicator()
     with hpcgpu.abort_on_error(comm):
         arch = hpcgpu.arch.auto(comm, backend=args.backend)
@@ -146,6 +159,11 @@ def main(args) -> int:
             if kind != "remote":
                 print(f"note: on one rank there is no other rank to exchange with ({kind}); the times are "
                       "reported, but no bandwidth: run on 2 or more ranks to measure a link", flush=True)
+        nodes_grid = hpcgpu.Decomposition(comm, (args.local_rows * comm.size, sizes[-1]), dims=(comm.size, 1),
+                                          periodic=(args.periodic, False))
+        nodes_line = header_line(nodes_grid, halo_width=(1, 0), itemsize=itemsize, corners=False)
+        if comm.rank == 0 and nodes_line:
+            print(f"nodes (rows layout, {sizes[-1]} values per message): {nodes_line}", flush=True)
         variants = [(name, False) for name in _usable_transports(arch, args.transports)]
         if "nccl" in [name for name, _ in variants]:
             variants.insert(1, ("nccl", True))
@@ -170,6 +188,7 @@ def main(args) -> int:
                       f"{r['microseconds']:>12.1f} {rate:>14}" + (f"  ({r['note']})" if r["note"] else ""))
             if args.json:
                 meta = {"n_ranks": comm.size, "backend": arch.name, "dtype": args.dtype, "peer": kind,
+                        "nodes": nodes_line,
                         "memory_copy_gigabytes_per_second": ceiling / 1e9,
                         "device": arch.describe(), "hpcgpu": hpcgpu.__version__}
                 with open(args.json, "w") as out:

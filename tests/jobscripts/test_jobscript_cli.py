@@ -121,7 +121,7 @@ def test_list_names_every_shipped_template(capsys):
     assert jobscript.main(["--list"]) == 0
     listing = capsys.readouterr().out
     shipped = sorted(str(p.relative_to(JOBSCRIPTS)) for p in JOBSCRIPTS.rglob("*") if p.suffix in (".sbatch", ".sh"))
-    assert len(shipped) == 28
+    assert len(shipped) == 29   # 24 sbatch, common.sh, 4 mpirun/ wrappers and launchers
     for name in shipped:
         assert name in listing
 
