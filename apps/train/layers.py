@@ -180,6 +180,7 @@ class Linear(Layer):
             y = array_module(x).empty((x_2d.shape[0], self.out_features), dtype=x.dtype)
             gemm(x_2d, weight, y, transpose_b=True)
             y = y.reshape(tuple(x.shape[:-1]) + (self.out_features,))
+        y = self.reduce_output(y)
         self.deferred_bias = None
         if self.use_bias:
             bias = self.params["bias"]
@@ -187,6 +188,14 @@ class Linear(Layer):
                 self.deferred_bias = bias
             else:
                 y += bias
+        return y
+
+    def reduce_output(self, y):
+        """Hook between the product ``x @ weight.T`` and the bias; returns ``y`` unchanged.
+
+        A row-parallel subclass (:mod:`apps.train.tensor_parallel`) sums the partial
+        products of its ranks here, so the bias is added once, after the sum.
+        """
         return y
 
     def backward(self, grad_out, need_input_grad=True):

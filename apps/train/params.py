@@ -194,13 +194,27 @@ def init_flat_parameters(layout, seed, dtype="float32"):
     """
     flat = np.zeros(layout.n_params, dtype=np.float64)
     for index, entry in enumerate(layout.entries):
-        # one generator per tensor: adding a layer elsewhere leaves the others alone
-        rng = np.random.default_rng([int(seed), index])
-        target = flat[entry.offset:entry.stop]
-        if entry.init == "uniform_fan_in":
-            bound = 1.0 / np.sqrt(max(entry.fan_in, 1))
-            target[:] = rng.uniform(-bound, bound, size=entry.size)
-        elif entry.init == "ones":
-            target[:] = 1.0
-        # "zeros": already zero
+        flat[entry.offset:entry.stop] = initial_tensor(entry, seed, index).reshape(-1)
     return flat.astype(dtype)
+
+
+def initial_tensor(entry, seed, index):
+    """Initial float64 values of one layout entry, the ``index``-th tensor of its layout.
+
+    One generator per tensor, seeded by ``(seed, index)``: adding a layer elsewhere
+    leaves the others alone, and a tensor-parallel shard can be cut from the values
+    of the unsplit tensor (:mod:`apps.train.tensor_parallel`).
+
+    Returns
+    -------
+    numpy.ndarray of float64, shape ``entry.shape``
+    """
+    values = np.zeros(entry.size, dtype=np.float64)
+    if entry.init == "uniform_fan_in":
+        rng = np.random.default_rng([int(seed), int(index)])
+        bound = 1.0 / np.sqrt(max(entry.fan_in, 1))
+        values[:] = rng.uniform(-bound, bound, size=entry.size)
+    elif entry.init == "ones":
+        values[:] = 1.0
+    # "zeros": already zero
+    return values.reshape(entry.shape)
