@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import numpy as np
@@ -19,3 +20,32 @@ def array_module(array: Any) -> Any:
 
         return cupy
     return np
+
+
+class IdentityCache:
+    """Remembers which tuples of objects passed a check, by identity; used to skip re-validation.
+
+    A kernel wrapper validates its arrays (shapes, dtypes, contiguity, aliasing) on the first call
+    with a given set of array objects and skips that on later calls with the very same objects:
+    the properties checked cannot change while the object lives, and the cache holds references to
+    the objects it remembers, so an ``id`` cannot be reused by another object while cached. At most
+    ``size`` tuples are kept (least recently used dropped first). The time stepping of the models
+    calls the same few tuples every stage, where the checks cost tens of microseconds per call.
+    """
+
+    def __init__(self, size: int = 16) -> None:
+        self.size = size
+        self._entries: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
+
+    def __contains__(self, objects: tuple) -> bool:
+        key = tuple(map(id, objects))
+        if key not in self._entries:
+            return False
+        self._entries.move_to_end(key)
+        return True
+
+    def add(self, objects: tuple) -> None:
+        """Remember ``objects`` (call after they passed the check); returns None."""
+        self._entries[tuple(map(id, objects))] = tuple(objects)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from apps.stencil.swe._arrays import IdentityCache
 from apps.stencil.swe._arrays import is_cupy as _is_cupy
 from apps.stencil.swe.parameters import TileParameters
 
@@ -47,7 +48,19 @@ def _as_triple(name: str, fields: Sequence[Any]) -> tuple[Any, Any, Any]:
     return tuple(fields)  # type: ignore[return-value]
 
 
+_VALIDATED = IdentityCache()
+"""(out, base, stage, params) tuples that passed :func:`_validate_arrays` (the app repeats a few)."""
+
+
 def _validate(out, base, stage, params: TileParameters, region) -> tuple[int, int, int, int]:
+    objects = (*out, *base, *stage, params, params.coriolis_rows, params.v_face_mask)
+    if objects not in _VALIDATED:
+        _validate_arrays(out, base, stage, params)
+        _VALIDATED.add(objects)
+    return _validate_region(stage[0].shape, params, region)
+
+
+def _validate_arrays(out, base, stage, params: TileParameters) -> None:
     arrays = (*out, *base, *stage)
     shape = stage[0].shape
     if len(shape) != 2:
@@ -80,6 +93,9 @@ def _validate(out, base, stage, params: TileParameters, region) -> tuple[int, in
                 "out must not share memory with stage: the stencil reads neighbours of stage while "
                 "writing out. Use a separate buffer for the new stage."
             )
+
+
+def _validate_region(shape, params: TileParameters, region) -> tuple[int, int, int, int]:
     if len(region) != 4:
         raise ValueError(f"region must be (j0, j1, i0, i1) in padded indices; found {region!r}.")
     j0, j1, i0, i1 = (int(x) for x in region)

@@ -85,3 +85,42 @@ def test_jet_run_gpu_matches_cpu(cupy):
     gpu_diagnostics = local_diagnostics(*device, gpu_params)
     for name, value in cpu_diagnostics.items():
         assert gpu_diagnostics[name] == pytest.approx(value, rel=1e-12), name
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("viscosity, hyperviscosity", [(0.0, 1.0e9), (50.0, 2.0e10), (30.0, 0.0), (0.0, 0.0)])
+def test_every_stage_kernel_equals_the_cpu_bitwise(cupy, dtype, viscosity, hyperviscosity):
+    """The tiled kernel (every compiled tile) and the simple one give the CPU's bits, NaN-poisoned
+    outputs: whole odd-sized tiles with partial tiles at the edges, an inner region, thin strips
+    (the simple kernel's fallback), and untouched cells outside the region."""
+    from apps.stencil.swe import kernel_constants, stage_gpu
+    from apps.stencil.swe.stage_cpu import stage_cpu
+
+    parameters = SWEParameters(nx=203, ny=117, dx=20.0e3, dy=20.0e3, viscosity=viscosity,
+                               hyperviscosity=hyperviscosity)  # fmt: skip
+    w = parameters.halo_width
+    shape = (parameters.ny + 2 * w, parameters.nx + 2 * w)
+    rng = np.random.default_rng(8)
+    stage = [(100.0 + 5 * rng.standard_normal(shape)).astype(dtype)] + [
+        rng.standard_normal(shape).astype(dtype) for _ in range(2)
+    ]
+    base = [field + rng.standard_normal(shape).astype(dtype) for field in stage]
+    cpu_params = tile_parameters(parameters, 0, parameters.ny, w, dtype=dtype)
+    gpu_params = tile_parameters(parameters, 0, parameters.ny, w, xp=cupy, dtype=dtype)
+    constants = kernel_constants(cpu_params)
+    tiles = ["simple"] + [t for t in stage_gpu.TILES if stage_gpu._fits_static_shared_memory(np.dtype(dtype), t)]
+    regions = [(w, shape[0] - w, w, shape[1] - w), (w + 3, w + 40, w + 5, w + 150),
+               (w, w + 2, w, shape[1] - w), (w, shape[0] - w, shape[1] - w - 2, shape[1] - w)]  # fmt: skip
+    for region in regions:
+        for a, b in ((0.0, 1.0), (0.75, 0.25)):
+            scalars = (dtype(a), dtype(b), dtype(40.0)) + tuple(
+                constants[name] for name in ("gravity", "rdx", "rdy", "rdx2", "rdy2", "viscosity",
+                                             "hyperviscosity", "half", "quarter", "two"))  # fmt: skip
+            expected = [np.full(shape, np.nan, dtype) for _ in range(3)]
+            stage_cpu(*expected, *base, *stage, cpu_params.coriolis_rows, cpu_params.v_face_mask, *scalars, *region)
+            for tile in tiles:
+                out = [cupy.full(shape, np.nan, dtype) for _ in range(3)]
+                stage_gpu.stage_gpu(out, [cupy.asarray(f) for f in base], [cupy.asarray(f) for f in stage],
+                                    gpu_params.coriolis_rows, gpu_params.v_face_mask, scalars, region, tile=tile)
+                for got, want in zip(out, expected):
+                    np.testing.assert_array_equal(cupy.asnumpy(got), want, err_msg=f"tile {tile}, region {region}")
