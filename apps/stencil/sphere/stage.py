@@ -33,6 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from apps.stencil.sphere.parameters import SphereTile
+from apps.stencil.swe._arrays import IdentityCache
 from apps.stencil.swe._arrays import is_cupy as _is_cupy
 
 SSP_RK3_STAGES: tuple[tuple[float, float], ...] = ((0.0, 1.0), (0.75, 0.25), (1.0 / 3.0, 2.0 / 3.0))
@@ -51,7 +52,20 @@ def _triple(name: str, fields: Sequence[Any]) -> tuple[Any, Any, Any]:
     return tuple(fields)  # type: ignore[return-value]
 
 
+_VALIDATED = IdentityCache()
+"""(out, base, stage, increment, params, filtered_rows) tuples that passed :func:`_validate_arrays`."""
+
+
 def _validate(out, base, stage, increment, params: SphereTile, filtered_rows, region) -> tuple[int, int, int, int]:
+    objects = (*out, *base, *stage, *increment, params, filtered_rows, params.coriolis, params.topography,
+               *(getattr(params, name) for name in ROW_ARRAYS))
+    if objects not in _VALIDATED:
+        _validate_arrays(out, base, stage, increment, params, filtered_rows)
+        _VALIDATED.add(objects)
+    return _validate_region(stage[0].shape, region)
+
+
+def _validate_arrays(out, base, stage, increment, params: SphereTile, filtered_rows) -> None:
     shape = stage[0].shape
     if len(shape) != 2:
         raise ValueError(f"Fields must be 2D padded arrays (lat, lon); found shape {shape}.")
@@ -77,6 +91,9 @@ def _validate(out, base, stage, increment, params: SphereTile, filtered_rows, re
     stage_addresses = {_address(a) for a in stage}
     if any(_address(a) in stage_addresses for a in (*out, *increment)):
         raise ValueError("out and increment must not share memory with stage (the stencil reads stage's neighbours).")
+
+
+def _validate_region(shape, region) -> tuple[int, int, int, int]:
     if len(region) != 4:
         raise ValueError(f"region must be (j0, j1, i0, i1) in padded indices; found {region!r}.")
     j0, j1, i0, i1 = (int(x) for x in region)

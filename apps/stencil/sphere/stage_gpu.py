@@ -108,32 +108,9 @@ __global__ void sphere_stage(
     }
 }
 
-// Polar rows: out = a*base + b*(stage + increment) on rows[r], columns [i0, i0 + n) of the three fields;
-// values holds the (filtered) increments, shape (3, n_rows, n), C order.
-template <typename real>
-__global__ void polar_combine(
-    real* out_h, real* out_u, real* out_v,
-    const real* base_h, const real* base_u, const real* base_v,
-    const real* h, const real* u, const real* v,
-    const real* values, const int* rows, const real a, const real b,
-    const int n_rows, const int i0, const int n, const int n_columns)
-{
-    const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
-    const int r = (int)(blockIdx.y * blockDim.y + threadIdx.y);
-    if (c >= n || r >= n_rows) {
-        return;
-    }
-    const long long k = (long long)rows[r] * n_columns + i0 + c;
-    const long long plane = (long long)n_rows * n;
-    const long long m = (long long)r * n + c;
-    out_h[k] = a * base_h[k] + b * (h[k] + values[m]);
-    out_u[k] = a * base_u[k] + b * (u[k] + values[plane + m]);
-    out_v[k] = a * base_v[k] + b * (v[k] + values[2 * plane + m]);
-}
 """
 
 _STAGE_NAMES = {np.dtype(np.float64): "sphere_stage<double>", np.dtype(np.float32): "sphere_stage<float>"}
-_COMBINE_NAMES = {np.dtype(np.float64): "polar_combine<double>", np.dtype(np.float32): "polar_combine<float>"}
 
 # 32 threads along longitude (contiguous in memory, coalesced loads), 8 rows per block.
 _BLOCK = (32, 8, 1)
@@ -141,13 +118,13 @@ _BLOCK = (32, 8, 1)
 
 @functools.lru_cache(maxsize=None)
 def _module() -> Any:
-    """The compiled CuPy RawModule holding both kernels for float64 and float32 (built once)."""
+    """The compiled CuPy RawModule holding the stage kernel for float64 and float32 (built once)."""
     import cupy
 
     return cupy.RawModule(
         code=_STAGE_SOURCE,
         options=("--fmad=false",),
-        name_expressions=tuple(_STAGE_NAMES.values()) + tuple(_COMBINE_NAMES.values()),
+        name_expressions=tuple(_STAGE_NAMES.values()),
     )
 
 
@@ -171,20 +148,4 @@ def stage_gpu(*args) -> None:
            (*arrays_and_scalars, np.int32(j0), np.int32(j1), np.int32(i0), np.int32(i1), np.int32(n_columns)))
 
 
-def polar_combine_gpu(out, base, stage, values, rows, a, b, column_start: int) -> None:
-    """``out = a*base + b*(stage + values)`` on padded rows ``rows``, columns ``[column_start, +n)``.
-
-    ``values`` is a C-contiguous CuPy array of shape (3, len(rows), n) in the field dtype, ``rows``
-    an int32 CuPy array of padded row indices; ``a`` and ``b`` in the field dtype. Runs on the
-    current stream; returns None.
-    """
-    n_rows, n = int(values.shape[1]), int(values.shape[2])
-    if n_rows == 0 or n == 0:
-        return
-    kernel = _module().get_function(_COMBINE_NAMES[np.dtype(out[0].dtype)])
-    kernel(_grid(n, n_rows), _BLOCK,
-           (*out, *base, *stage, values, rows, a, b, np.int32(n_rows), np.int32(column_start), np.int32(n),
-            np.int32(out[0].shape[1])))  # fmt: skip
-
-
-__all__ = ["polar_combine_gpu", "stage_gpu"]
+__all__ = ["stage_gpu"]
