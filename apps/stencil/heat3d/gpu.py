@@ -15,6 +15,11 @@ import numpy as np
 from hpcgpu.errors import ConfigurationError
 
 DEFAULT_LAUNCH = (32, 8, 16)  # threads_x, threads_y, planes_per_thread
+THIN_X_LAUNCH = (1, 64, 2)
+"""Default for regions narrower than 8 cells in x (the x faces of the overlapped rim): one column per
+block row, so no thread of a warp idles, and short marches, so the few columns still fill the GPU."""
+THIN_Y_LAUNCH = (32, 1, 2)
+"""Default for regions shorter than 8 rows (the y faces of the rim): one row per block."""
 _COMPILE_OPTIONS = ("--fmad=false",)
 
 _SOURCE = r"""
@@ -65,7 +70,13 @@ def cuda_source() -> str:
 
 def heat3d_step_gpu(out, inp, region, r, threads_x=None, threads_y=None, planes_per_thread=None) -> None:
     """Launch one step on CuPy arrays (arguments validated) on the current stream; no synchronisation."""
-    default_x, default_y, default_planes = DEFAULT_LAUNCH
+    k0, k1, j0, j1, i0, i1 = region
+    if i1 - i0 < 8:
+        default_x, default_y, default_planes = THIN_X_LAUNCH
+    elif j1 - j0 < 8:
+        default_x, default_y, default_planes = THIN_Y_LAUNCH
+    else:
+        default_x, default_y, default_planes = DEFAULT_LAUNCH
     threads_x = default_x if threads_x is None else int(threads_x)
     threads_y = default_y if threads_y is None else int(threads_y)
     planes = default_planes if planes_per_thread is None else int(planes_per_thread)
@@ -74,7 +85,6 @@ def heat3d_step_gpu(out, inp, region, r, threads_x=None, threads_y=None, planes_
             f"heat3d_step: expected 1 <= threads_x * threads_y <= 1024 and planes_per_thread >= 1, found "
             f"threads_x={threads_x}, threads_y={threads_y}, planes_per_thread={planes}"
         )
-    k0, k1, j0, j1, i0, i1 = region
     if k1 == k0 or j1 == j0 or i1 == i0:
         return
     grid = (-(-(i1 - i0) // threads_x), -(-(j1 - j0) // threads_y), -(-(k1 - k0) // planes))
