@@ -1,0 +1,355 @@
+"""Hybrid data x tensor x pipeline training: the entry point an app calls.
+
+::
+
+    comm = hpcgpu.Communicator()
+    grid = make_grid(comm, tensor_size=2, pipeline_size=2)          # D = n_ranks / 4
+    spec = MLPSpec(n_inputs=40, n_classes=10, width=256, hidden=1024, depth=8)
+    runner = ParallelTrainer(grid, spec, TrainConfig(precision="fp32", global_batch_size=256),
+                             micro_batches=8, schedule="1f1b")
+    with ShardedLoader(source, 256, seed, rank=grid.data_rank, n_ranks=grid.data_size) as loader:
+        for _ in range(steps):
+            batch = loader.next()
+            metrics = runner.step(batch.x, batch.y, batch.sample_index)
+    print(grid.describe(), runner.pipeline_report())
+
+One optimiser step (:meth:`ParallelTrainer.step`):
+
+1. zero the gradients; the :class:`~apps.train.pipeline.PipelineEngine` runs this stage's schedule
+   over M micro-batches of the data replica's share of the batch (with P = 1 and M = 1 that is one
+   forward and one backward); the tensor-parallel layers allreduce inside their tensor group;
+   the last backward passes the data-parallel bucket hook (:class:`ParallelSync`);
+2. the data-parallel buckets finish (sum over the D replicas of this shard);
+3. :func:`apps.train.trainer.apply_gradients`: the gradient norm over all shards (replicated
+   tensors counted once), clipping, overflow skip, the optimiser step on this rank's shard;
+4. the loss (last stage) summed over data replicas and sent to every stage.
+
+Every rank's initial shard is cut from the unsplit model's initialisation for the seed
+(:func:`init_parallel_parameters`), so any D x T x P grid trains the model of one process to
+rounding. Not supported together with it yet: ZeRO-1, evaluation of a split model, checkpoints.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hpcgpu.errors import ConfigurationError
+
+from ._backend import to_numpy
+from .distributed import DEFAULT_BUCKET_MB, DataParallel
+from .optim import grad_sum_of_squares
+from .params import initial_tensor
+from .pipeline import MpiPointToPoint, PipelineEngine, bubble_fraction, partition_stages
+from .sequential import Sequential
+from .tensor_parallel import mlp_layers
+from .trainer import StepMetrics, Trainer, apply_gradients, init_train_state
+
+
+def layer_param_count(layer):
+    """Parameters of a top-level layer (all its leaves)."""
+    return sum(int(np.prod(spec.shape)) for leaf in layer.leaves() for spec in leaf.param_specs())
+
+
+@dataclass
+class ParallelModel:
+    """This rank's part of the model.
+
+    Attributes
+    ----------
+    model : Sequential
+        The stage's layers (tensor-parallel where T > 1).
+    spec : MLPSpec
+    stage_ranges : list of (int, int)
+        Top-level layer range ``[start, stop)`` of every stage.
+    stage : int
+    """
+
+    model: Sequential
+    spec: object
+    stage_ranges: list
+    stage: int
+
+    def reference(self):
+        """The unsplit one-process model (layouts only: no arrays are allocated)."""
+        return Sequential(mlp_layers(self.spec))
+
+    def leaf_pairs(self):
+        """``(stage leaf, reference leaf, reference layout)`` for every leaf of this stage."""
+        reference = self.reference()
+        start = self.stage_ranges[self.stage][0]
+        offset = sum(len(layer.leaves()) for layer in reference.layers[:start])
+        reference_leaves = reference.leaves()
+        return [(leaf, reference_leaves[offset + index], reference.layout)
+                for index, leaf in enumerate(self.model.leaves())]
+
+
+def build_parallel_model(grid, model_spec, boundaries=None, tensor_collectives=None,
+                         recompute=False):
+    """This rank's stage of ``model_spec`` split over ``grid`` (no collective).
+
+    Parameters
+    ----------
+    grid : ParallelGrid
+    model_spec : MLPSpec
+    boundaries : list of int, optional
+        First top-level layer of stages 1 .. P-1; default balanced by parameter count.
+    tensor_collectives : object, optional
+        ``allreduce(array, op)`` of the tensor group (default: the tensor communicator, MPI).
+    """
+    model_spec.validate(grid.tensor_size)
+    counts = [layer_param_count(layer) for layer in mlp_layers(model_spec)]
+    ranges = partition_stages(counts, grid.pipeline_size, boundaries)
+    group = grid.tensor_group(tensor_collectives) if grid.tensor_size > 1 else None
+    start, stop = ranges[grid.pipeline_rank]
+    model = Sequential(mlp_layers(model_spec, group)[start:stop], recompute=recompute)
+    return ParallelModel(model, model_spec, ranges, grid.pipeline_rank)
+
+
+def init_parallel_parameters(parallel_model, seed, dtype="float64"):
+    """This rank's flat parameters: each tensor (or shard) cut from the unsplit model's values.
+
+    Returns
+    -------
+    numpy.ndarray, shape (parallel_model.model.layout.n_params,)
+    """
+    layout = parallel_model.model.layout
+    flat = np.zeros(layout.n_params, dtype=np.float64)
+    for leaf, reference_leaf, reference_layout in parallel_model.leaf_pairs():
+        lo, _ = leaf.param_range
+        reference_lo, _ = reference_leaf.param_range
+        for entry, reference_entry in zip(_entries_from(layout, lo, leaf),
+                                          _entries_from(reference_layout, reference_lo, reference_leaf)):
+            index = reference_layout.entries.index(reference_entry)
+            values = initial_tensor(reference_entry, seed, index)
+            if hasattr(leaf, "shard"):
+                values = leaf.shard(entry.name, values)
+            flat[entry.offset:entry.stop] = values.reshape(-1)
+    return flat.astype(dtype)
+
+
+def _entries_from(layout, lo, leaf):
+    return [entry for entry in layout.entries if entry.layer == leaf.name and entry.offset >= lo]
+
+
+class ParallelSync:
+    """The trainer's ``sync`` for a D x T x P grid (see :mod:`apps.train.trainer`).
+
+    Gradients: summed over the data group by a :class:`DataParallel` on ``grid.data`` (buckets
+    overlapped with the last backward). Norm: tensor rank 0 contributes its whole buffer, the other
+    tensor ranks only their shards, summed over the model group (T x P ranks), so replicated
+    tensors count once. Loss: summed over the data group, then over the pipeline group.
+    """
+
+    def __init__(self, grid, arch, model, bucket_mb=DEFAULT_BUCKET_MB):
+        self.grid = grid
+        self.data_parallel = DataParallel(grid.data, arch, bucket_mb)
+        self.sharded_ranges = [(entry.offset, entry.stop) for leaf in model.leaves()
+                               for entry in model.layout.entries
+                               if entry.layer == leaf.name
+                               and entry.name in getattr(leaf, "sharded_params", ())]
+        self.precision = None
+
+    @property
+    def on_grads_ready(self):
+        return self.data_parallel.on_grads_ready
+
+    def attach(self, precision):
+        """Remember the precision policy (whose gradients the norm reads); returns None."""
+        self.precision = precision
+
+    def bind(self, grads):
+        self.data_parallel.bind(grads)
+
+    def before_backward(self):
+        self.data_parallel.before_backward()
+
+    def finish_gradients(self, grads):
+        self.data_parallel.finish_gradients(grads)
+
+    def owned_range(self, n_params):
+        return 0, int(n_params)
+
+    def sum_over_shards(self, value):
+        if self.grid.model.size == 1:
+            return value
+        contribution = value if self.grid.tensor_rank == 0 else self._sharded_sum_of_squares()
+        return self.grid.model.allreduce(float(contribution), op="sum")
+
+    def _sharded_sum_of_squares(self):
+        precision = self.precision
+        if precision.name == "full":
+            buffer, factor = precision.master_grads, 1.0
+        else:   # the trainer's fused fp16 path reads the scaled fp16 gradients the same way
+            buffer, factor = precision.compute_grads, 1.0 / precision.loss_scale ** 2
+        return factor * sum(grad_sum_of_squares(buffer[lo:hi]) for lo, hi in self.sharded_ranges)
+
+    def gather_params(self, params):
+        """Every rank steps its own shard in full: nothing to gather; returns None."""
+
+    def allreduce_sum(self, value):
+        value = self.data_parallel.allreduce_sum(value)
+        if self.grid.pipeline_size > 1:
+            value = self.grid.pipeline.allreduce(float(value), op="sum")
+        return value
+
+
+class ParallelTrainer:
+    """Model, optimiser state and pipeline engine of one rank of a D x T x P grid.
+
+    Parameters
+    ----------
+    grid : ParallelGrid
+    model_spec : MLPSpec
+    config : TrainConfig
+        ``global_batch_size`` counts all data replicas and micro-batches; ``accum_steps`` must be 1
+        (micro-batches are ``micro_batches``).
+    arch : hpcgpu.arch.CPU or GPU, optional
+        Default: the CPU.
+    micro_batches : int
+        M, micro-batches per step (the pipeline schedule's; gradient accumulation when P = 1).
+    schedule : {"1f1b", "gpipe"}
+    boundaries : list of int, optional
+        Stage boundaries (see :func:`build_parallel_model`).
+    bucket_mb : float
+        Data-parallel bucket size.
+    tensor_collectives, point_to_point : optional
+        GPU hooks: the tensor group's ``allreduce(array, op)`` object and a
+        :class:`~apps.train.pipeline.MpiPointToPoint`-compatible sender (defaults: MPI).
+    """
+
+    def __init__(self, grid, model_spec, config, arch=None, micro_batches=1, schedule="1f1b",
+                 boundaries=None, bucket_mb=DEFAULT_BUCKET_MB, tensor_collectives=None,
+                 point_to_point=None):
+        import hpcgpu
+
+        if config.accum_steps != 1:
+            raise ConfigurationError(
+                f"parallel training: accum_steps must be 1 (found {config.accum_steps}); use "
+                "micro_batches for accumulation")
+        if config.global_batch_size < grid.data_size * micro_batches:
+            raise ConfigurationError(
+                f"parallel training: a global batch of {config.global_batch_size} cannot fill "
+                f"{grid.data_size} data replicas x {micro_batches} micro-batches; raise the batch")
+        self.grid, self.config = grid, config
+        self.arch = arch if arch is not None else hpcgpu.arch.CPU()
+        self.parallel_model = build_parallel_model(grid, model_spec, boundaries, tensor_collectives)
+        model = self.parallel_model.model
+        self.trainer = Trainer(model, config)
+        self.sync = ParallelSync(grid, self.arch, model, bucket_mb)
+        self.state = init_train_state(self.trainer, self.arch.xp, self.sync)
+        precision = self.state.precision
+        master_dtype = precision.master_params.dtype
+        precision.master_params[...] = self.arch.xp.asarray(
+            init_parallel_parameters(self.parallel_model, config.seed, master_dtype))
+        precision.refresh_compute_params()
+        self.sync.attach(precision)
+        self.engine = PipelineEngine(model, grid.pipeline_rank, grid.pipeline_size, micro_batches,
+                                     schedule, point_to_point or MpiPointToPoint(grid.pipeline),
+                                     grid.pipeline)
+        self._timing = {"wall": 0.0, "idle": 0.0, "steps": 0, "peak_in_flight": 0}
+
+    def step(self, x_local, y_local, sample_index_local, timers=None):
+        """One optimiser step on this data replica's share of the global batch.
+
+        Parameters
+        ----------
+        x_local : ndarray, shape (local_batch, n_inputs)
+        y_local : ndarray of int, shape (local_batch,)
+        sample_index_local : ndarray of int64, shape (local_batch,)
+            As :meth:`apps.train.loader.ShardedLoader.next` returns them for
+            ``rank=grid.data_rank, n_ranks=grid.data_size``.
+
+        Returns
+        -------
+        StepMetrics
+            With the global mean loss on every rank.
+        """
+        config, state = self.config, self.state
+        precision = state.precision
+        precision.compute_grads.fill(0)
+        loss_contribution, stats = self.engine.compute_gradients(
+            x_local, y_local, sample_index_local, config.seed, state.step, config.global_batch_size,
+            precision.compute_params.dtype, precision.loss_scale, self.sync)
+        self.sync.finish_gradients(precision.compute_grads)
+        loss_scale = precision.loss_scale
+        norm, lr, applied = apply_gradients(self.trainer, state, self.sync, timers)
+        state.step += 1
+        loss = self.sync.allreduce_sum(loss_contribution)
+        timing = self._timing
+        timing["wall"] += stats.wall
+        timing["idle"] += stats.idle
+        timing["steps"] += 1
+        timing["peak_in_flight"] = max(timing["peak_in_flight"], stats.peak_in_flight)
+        return StepMetrics(loss=loss, grad_norm=norm, lr=lr, applied=applied, loss_scale=loss_scale)
+
+    def pipeline_report(self):
+        """Collective over the pipeline group: the bubble, by formula and measured per stage.
+
+        Returns
+        -------
+        dict
+            ``schedule``, ``stages``, ``micro_batches``, ``bubble_formula`` ((P-1)/(M+P-1)),
+            ``bubble_measured`` (per stage: idle / wall of the gradient phase, over all steps),
+            ``peak_in_flight`` (per stage: most micro-batches whose activations were held).
+        """
+        timing = self._timing
+        measured = timing["idle"] / timing["wall"] if timing["wall"] > 0 else 0.0
+        gathered = self.grid.pipeline.mpi.allgather((measured, timing["peak_in_flight"]))
+        engine = self.engine
+        return {"schedule": engine.schedule, "stages": engine.n_stages,
+                "micro_batches": engine.n_micro,
+                "bubble_formula": bubble_fraction(engine.n_stages, engine.n_micro),
+                "bubble_measured": [value for value, _ in gathered],
+                "peak_in_flight": [peak for _, peak in gathered]}
+
+    def full_parameters(self):
+        """Collective over the world: the unsplit model's flat master parameters on every rank.
+
+        Returns
+        -------
+        numpy.ndarray of float64, shape (n_params of the one-process model,)
+            In the one-process model's layout, so it compares with a serial run (or a checksum).
+        """
+        full = None
+        master = to_numpy(self.state.precision.master_params).astype(np.float64)
+        for leaf, reference_leaf, reference_layout in self.parallel_model.leaf_pairs():
+            if full is None:
+                full = np.zeros(reference_layout.n_params)
+            entries = _entries_from(self.parallel_model.model.layout, leaf.param_range[0], leaf)
+            reference_entries = _entries_from(reference_layout, reference_leaf.param_range[0],
+                                              reference_leaf)
+            for entry, reference_entry in zip(entries, reference_entries):
+                target = full[reference_entry.offset:reference_entry.stop].reshape(reference_entry.shape)
+                sharded = entry.name in getattr(leaf, "sharded_params", ())
+                if self.grid.data_rank != 0 or (self.grid.tensor_rank != 0 and not sharded):
+                    continue   # written once: by data replica 0 and, if replicated, tensor rank 0
+                if hasattr(leaf, "shard"):
+                    target = leaf.shard(entry.name, target)
+                target[...] = master[entry.offset:entry.stop].reshape(entry.shape)
+        if full is None:
+            full = np.zeros(self.parallel_model.reference().layout.n_params)
+        return self.grid.world.allreduce(full, op="sum")
+
+    def describe(self):
+        """Lines for a run header: the grid, this stage's layers and its parameter count."""
+        start, stop = self.parallel_model.stage_ranges[self.grid.pipeline_rank]
+        return [self.grid.describe(),
+                f"pipeline: {self.engine.n_stages} stages at layers "
+                f"{[r[0] for r in self.parallel_model.stage_ranges]}, {self.engine.n_micro} "
+                f"micro-batches, {self.engine.schedule}; this stage: layers {start}-{stop - 1}, "
+                f"{self.parallel_model.model.n_params} parameters"]
+
+
+def train_steps(runner, loader, n_steps):
+    """Run ``n_steps`` of ``runner`` (a :class:`ParallelTrainer`) on ``loader``'s batches.
+
+    Returns
+    -------
+    list of float
+        The global mean loss of every step (the same on every rank).
+    """
+    losses = []
+    for _ in range(n_steps):
+        batch = loader.next()
+        losses.append(runner.step(batch.x, batch.y, batch.sample_index).loss)
+    return losses
