@@ -26,9 +26,11 @@ One optimiser step (:meth:`ParallelTrainer.step`):
 
 Every rank's initial shard is cut from the unsplit model's initialisation for the seed
 (:func:`init_parallel_parameters`), so any D x T x P grid trains the model of one process to
-rounding. Not supported together with it yet: ZeRO-1, evaluation of a split model, checkpoints.
+rounding. :meth:`ParallelTrainer.evaluate` runs a split model forward only. Not supported with it
+yet: ZeRO-1, checkpoints, GPU point-to-point (NCCL).
 """
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +38,7 @@ import numpy as np
 from hpcgpu.errors import ConfigurationError
 
 from ._backend import to_numpy
+from .data import shard_bounds
 from .distributed import DEFAULT_BUCKET_MB, DataParallel
 from .optim import grad_sum_of_squares
 from .params import initial_tensor
@@ -43,6 +46,11 @@ from .pipeline import MpiPointToPoint, PipelineEngine, bubble_fraction, partitio
 from .sequential import Sequential
 from .tensor_parallel import mlp_layers
 from .trainer import StepMetrics, Trainer, apply_gradients, init_train_state
+
+
+def _phase(timers, name):
+    """``timers.phase(name)`` or a no-op context when no timers are given."""
+    return contextlib.nullcontext() if timers is None else timers.phase(name)
 
 
 def layer_param_count(layer):
@@ -258,6 +266,9 @@ class ParallelTrainer:
         sample_index_local : ndarray of int64, shape (local_batch,)
             As :meth:`apps.train.loader.ShardedLoader.next` returns them for
             ``rank=grid.data_rank, n_ranks=grid.data_size``.
+        timers : hpcgpu.app.timers.PhaseTimers, optional
+            Gets the phases ``compute`` (the schedule, with its waits for neighbours) and
+            ``allreduce`` (waiting for the data-parallel gradients).
 
         Returns
         -------
@@ -266,11 +277,14 @@ class ParallelTrainer:
         """
         config, state = self.config, self.state
         precision = state.precision
-        precision.compute_grads.fill(0)
-        loss_contribution, stats = self.engine.compute_gradients(
-            x_local, y_local, sample_index_local, config.seed, state.step, config.global_batch_size,
-            precision.compute_params.dtype, precision.loss_scale, self.sync)
-        self.sync.finish_gradients(precision.compute_grads)
+        with _phase(timers, "compute"):
+            precision.compute_grads.fill(0)
+            loss_contribution, stats = self.engine.compute_gradients(
+                x_local, y_local, sample_index_local, config.seed, state.step,
+                config.global_batch_size, precision.compute_params.dtype, precision.loss_scale,
+                self.sync)
+        with _phase(timers, "allreduce"):
+            self.sync.finish_gradients(precision.compute_grads)
         loss_scale = precision.loss_scale
         norm, lr, applied = apply_gradients(self.trainer, state, self.sync, timers)
         state.step += 1
@@ -281,6 +295,23 @@ class ParallelTrainer:
         timing["steps"] += 1
         timing["peak_in_flight"] = max(timing["peak_in_flight"], stats.peak_in_flight)
         return StepMetrics(loss=loss, grad_norm=norm, lr=lr, applied=applied, loss_scale=loss_scale)
+
+    def evaluate(self, x, y, batch_size=1000):
+        """Collective: mean loss and accuracy on ``(x, y)`` (the same arrays on every rank).
+
+        Each data replica evaluates its share of the rows through the pipeline (forward only);
+        the sums are added over replicas and sent to every stage.
+
+        Returns
+        -------
+        (float, float)
+        """
+        n_rows = int(x.shape[0])
+        lo, hi = shard_bounds(n_rows, self.grid.data_rank, self.grid.data_size)
+        dtype = self.state.precision.compute_params.dtype
+        loss_sum, correct = self.engine.forward_only(x[lo:hi], y[lo:hi], dtype, batch_size)
+        return (self.sync.allreduce_sum(float(loss_sum)) / n_rows,
+                self.sync.allreduce_sum(float(correct)) / n_rows)
 
     def pipeline_report(self):
         """Collective over the pipeline group: the bubble, by formula and measured per stage.

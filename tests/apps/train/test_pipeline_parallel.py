@@ -11,8 +11,8 @@ another order than one full-batch GEMM: rounding only).
 import numpy as np
 import pytest
 
-from test_tensor_parallel import (LOSS_TOLERANCE, SPEC, grid_curve, one_process_curve, relative,
-                                  train_config)
+from test_tensor_parallel import (LOSS_TOLERANCE, SPEC, evaluation_agrees, grid_curve,
+                                  one_process_curve, relative, train_config)
 
 from apps.train.layers import ForwardContext
 from apps.train.loss import softmax_cross_entropy
@@ -131,13 +131,14 @@ def test_two_stage_pipeline_matches_one_process(comm):
     """1 x 1 x 2, M = 4: 50 steps equal 1 x 1 x 1 to 1e-10 (losses and parameters), GPipe and
     1F1B give bitwise the same run, and the report gives the formula bubble 1/5 and the
     activations held (1F1B: 2 on stage 0, 1 on stage 1; GPipe: 4 on both)."""
-    reference, reference_params, _ = one_process_curve(comm)
+    reference, reference_params, reference_runner = one_process_curve(comm)
     grid = make_grid(comm, 1, 1, 2)
     runs = {}
     for schedule in ("1f1b", "gpipe"):
         losses, params, runner = grid_curve(grid, micro_batches=4, schedule=schedule)
         assert relative(losses, reference) <= LOSS_TOLERANCE, (schedule, losses[-3:], reference[-3:])
         assert relative(params, reference_params) <= LOSS_TOLERANCE, schedule
+        assert evaluation_agrees(runner, reference_runner), schedule
         report = runner.pipeline_report()
         assert report["bubble_formula"] == pytest.approx(0.2)
         assert report["peak_in_flight"] == ([2, 1] if schedule == "1f1b" else [4, 4])
@@ -153,13 +154,14 @@ def test_two_stage_pipeline_matches_one_process(comm):
 @pytest.mark.mpi(ranks=[4], timeout=240)
 def test_hybrid_grids_on_four_ranks_match_one_process(comm):
     """2 x 2 x 1 (data x tensor) and 1 x 2 x 2 (tensor x pipeline, M = 3, 1F1B) on 4 ranks:
-    50 steps equal 1 x 1 x 1 to 1e-10 relative."""
-    reference, reference_params, _ = one_process_curve(comm)
+    50 steps equal 1 x 1 x 1 to 1e-10 relative; evaluation to 1e-12."""
+    reference, reference_params, reference_runner = one_process_curve(comm)
     for sizes, micro_batches in (((2, 2, 1), 1), ((1, 2, 2), 3)):
         grid = make_grid(comm, *sizes)
-        losses, params, _ = grid_curve(grid, micro_batches=micro_batches)
+        losses, params, runner = grid_curve(grid, micro_batches=micro_batches)
         assert relative(losses, reference) <= LOSS_TOLERANCE, (sizes, losses[-3:], reference[-3:])
         assert relative(params, reference_params) <= LOSS_TOLERANCE, sizes
+        assert evaluation_agrees(runner, reference_runner), sizes
         if comm.rank == 0:
             print(f"{grid.describe()}: loss {relative(losses, reference):.2e}, "
                   f"parameters {relative(params, reference_params):.2e}")

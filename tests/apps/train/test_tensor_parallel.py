@@ -48,29 +48,37 @@ def relative(a, b):
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
 
 
-def train_config(steps=50):
+def train_config(steps=50, precision="fp64"):
     return TrainConfig(optimizer="adamw", lr=3e-3, weight_decay=0.01, warmup_steps=5,
-                       total_steps=steps, global_batch_size=24, precision="fp64", clip_norm=1.0,
+                       total_steps=steps, global_batch_size=24, precision=precision, clip_norm=1.0,
                        seed=7)
 
 
-def grid_curve(grid, steps=50, micro_batches=1, schedule="1f1b"):
-    """Losses and unsplit final parameters of ``steps`` steps on ``grid`` (every rank)."""
+def grid_curve(grid, steps=50, micro_batches=1, schedule="1f1b", precision="fp64"):
+    """Losses, unsplit final parameters and the runner of ``steps`` steps on ``grid`` (every rank)."""
     x, y = synthetic_data()
-    runner = ParallelTrainer(grid, SPEC, train_config(steps), micro_batches=micro_batches,
-                             schedule=schedule, bucket_mb=0.002)
+    runner = ParallelTrainer(grid, SPEC, train_config(steps, precision),
+                             micro_batches=micro_batches, schedule=schedule, bucket_mb=0.002)
     with ShardedLoader(ArraySource(x, y), 24, seed=11, rank=grid.data_rank,
                        n_ranks=grid.data_size) as loader:
         losses = np.array(train_steps(runner, loader, steps))
     return losses, runner.full_parameters(), runner
 
 
-def one_process_curve(comm, steps=50):
+def one_process_curve(comm, steps=50, precision="fp64"):
     """The 1 x 1 x 1 reference, computed by this rank alone."""
     import hpcgpu
 
     alone = hpcgpu.Communicator(comm.mpi.Split(comm.rank, 0))
-    return grid_curve(make_grid(alone, 1, 1, 1), steps)
+    return grid_curve(make_grid(alone, 1, 1, 1), steps, precision=precision)
+
+
+def evaluation_agrees(runner, reference_runner):
+    """Test loss and accuracy of a split model equal the one-process model's (1e-12)."""
+    x, y = synthetic_data(seed=9)
+    loss, accuracy = runner.evaluate(x, y, batch_size=100)
+    reference_loss, reference_accuracy = reference_runner.evaluate(x, y, batch_size=100)
+    return abs(loss - reference_loss) <= 1e-12 * reference_loss and accuracy == reference_accuracy
 
 
 # ------------------------------------------------------------------ single process
@@ -192,14 +200,16 @@ def test_tensor_parallel_block_gradients_equal_the_unsplit_block(comm):
 @pytest.mark.mpi(ranks=[2], timeout=120)
 def test_tensor_and_data_parallel_losses_match_one_process(comm):
     """50 steps (fp64, AdamW, clipping, dropout) at 1 x 2 x 1 and 2 x 1 x 1 equal 1 x 1 x 1 to
-    1e-10 relative (losses and final parameters); the tensor-parallel model also trains through
-    the existing ``trainer.train_step`` with the grid's sync, to the same curve."""
-    reference, reference_params, _ = one_process_curve(comm)
+    1e-10 relative (losses and final parameters; evaluation to 1e-12); the tensor-parallel model
+    also trains through the existing ``trainer.train_step`` with the grid's sync, to the same
+    curve; and in fp32 (1e-5, as the data-parallel tests) and fp16 (loss scaling; 2e-3)."""
+    reference, reference_params, reference_runner = one_process_curve(comm)
     for sizes in ((1, 2, 1), (2, 1, 1)):
         grid = make_grid(comm, *sizes)
-        losses, params, _ = grid_curve(grid)
+        losses, params, runner = grid_curve(grid)
         assert relative(losses, reference) <= LOSS_TOLERANCE, (sizes, losses[-3:], reference[-3:])
         assert relative(params, reference_params) <= LOSS_TOLERANCE, sizes
+        assert evaluation_agrees(runner, reference_runner), sizes
         if comm.rank == 0:
             print(f"{grid.describe()}: loss {relative(losses, reference):.2e}, "
                   f"parameters {relative(params, reference_params):.2e}")
@@ -214,3 +224,10 @@ def test_tensor_and_data_parallel_losses_match_one_process(comm):
             losses.append(train_step(runner.trainer, runner.state, batch.x, batch.y,
                                      batch.sample_index, runner.sync).loss)
     assert relative(np.array(losses), reference) <= LOSS_TOLERANCE
+    grid = make_grid(comm, 1, 2, 1)
+    for precision, tolerance in (("fp32", 1e-5), ("fp16", 2e-3)):
+        low_reference, _, _ = one_process_curve(comm, precision=precision)
+        losses, _, _ = grid_curve(grid, precision=precision)
+        assert relative(losses, low_reference) <= tolerance, precision
+        if comm.rank == 0:
+            print(f"{grid.describe()} {precision}: loss {relative(losses, low_reference):.2e}")
