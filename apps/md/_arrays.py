@@ -10,24 +10,12 @@ import functools
 
 import numpy as np
 
+from hpcgpu.arch import array_module  # noqa: F401 - re-exported for the MD kernels
+from hpcgpu.arch import is_device_array as _is_cupy  # the one "is this a CuPy array?" test
 from hpcgpu.errors import ConfigurationError
 
 #: Threads per block of every MD RawKernel (one thread per atom).
 THREADS_PER_BLOCK = 128
-
-
-def _is_cupy(array) -> bool:
-    """Return True if ``array`` is a CuPy array (checked without importing CuPy)."""
-    return type(array).__module__.startswith("cupy")
-
-
-def array_module(array):
-    """Return ``numpy`` or ``cupy`` matching ``array``."""
-    if _is_cupy(array):
-        import cupy
-
-        return cupy
-    return np
 
 
 def to_numpy(array) -> np.ndarray:

@@ -10,19 +10,8 @@ import os
 
 import numpy as np
 
-
-def is_cupy(array):
-    """True when ``array`` is a CuPy array (checked by module name, no cupy import)."""
-    return type(array).__module__.startswith("cupy")
-
-
-def array_module(array):
-    """Return ``cupy`` for CuPy arrays and ``numpy`` for everything else."""
-    if is_cupy(array):
-        import cupy
-
-        return cupy
-    return np
+from hpcgpu.arch import array_module  # noqa: F401 - re-exported for the training kernels
+from hpcgpu.arch import is_device_array as is_cupy  # the one "is this a CuPy array?" test
 
 
 def to_numpy(array):

@@ -16,11 +16,8 @@ from dataclasses import dataclass, field as dataclass_field
 
 import numpy as np
 
+from hpcgpu.arch import is_device_array
 from hpcgpu.errors import CheckpointError
-
-
-def _is_cupy(array) -> bool:
-    return type(array).__module__.startswith("cupy")
 
 
 @dataclass
@@ -98,7 +95,7 @@ def _to_host(array, name, copy: bool, pool: PinnedPool | None, stream, keep_aliv
     next steps may overwrite the state at once), and ``(device copy, pinned buffer)`` is appended to
     ``pending``; :func:`take_snapshot` copies them to the host on the side stream.
     """
-    if not _is_cupy(array):
+    if not is_device_array(array):
         if not copy:
             # Synchronous saves write straight from the (possibly strided) interior view.
             return np.asarray(array)
@@ -194,7 +191,7 @@ def _host_tree(values, copy: bool):
         return {key: _host_tree(value, copy) for key, value in values.items()}
     if isinstance(values, (list, tuple)):
         return type(values)(_host_tree(value, copy) for value in values)
-    if _is_cupy(values):
+    if is_device_array(values):
         return values.get()
     if isinstance(values, np.ndarray) and copy:
         return values.copy()

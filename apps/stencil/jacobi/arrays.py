@@ -16,14 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpcgpu.arch import is_device_array as is_cupy  # the one "is this a CuPy array?" test (re-exported)
 from hpcgpu.errors import ConfigurationError
 
 SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype("float64"))
-
-
-def is_cupy(array) -> bool:
-    """Return True when ``array`` is a CuPy array (checked by module name, so CuPy is never imported)."""
-    return type(array).__module__.startswith("cupy")
 
 
 def check_padded_pair(out, inp, ndim: int, kernel: str) -> None:
