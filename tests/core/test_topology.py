@@ -214,3 +214,14 @@ def test_nccl_topology_and_apply_on_cpu(comm):
         assert "does not apply" in report["nccl_topology"]["message"]
         assert "does not apply" in info.format_report(report)
         assert info.format_exports(report).startswith("# hpcgpu info --apply: nothing to export")
+
+
+def test_apply_to_writes_the_exports_beside_the_report(tmp_path):
+    """``hpcgpu info --apply-to FILE``: the usual report on stdout, the ``--apply`` lines in FILE (what the
+    job scripts source per rank)."""
+    target = tmp_path / "topology.sh"
+    result = run_mpi(2, [sys.executable, "-m", "hpcgpu", "info", "--apply-to", str(target)], timeout=120, cwd=str(ROOT))
+    assert result.returncode == 0, result.output
+    assert "ranks: 2 on" in result.output and "Network on " in result.output
+    assert target.read_text().startswith("# hpcgpu info --apply:")
+    assert subprocess.run(["bash", "-n", str(target)]).returncode == 0
