@@ -1,8 +1,12 @@
-"""What a checkpoint of an ``apps.stencil`` model holds, and how a model continues from one."""
+"""The ``apps.stencil`` models' common part of the :class:`hpcgpu.simulation.Model` interface: what a
+checkpoint holds, how a model continues from one, the checksum, NaN check and summary of a grid model."""
 
 from __future__ import annotations
 
+from hpcgpu.app.checksum import fields_checksum
 from hpcgpu.errors import ConfigurationError
+from hpcgpu.simulation import Model
+from hpcgpu.transport import auto_transport_name
 
 
 #: Units and grid location of the shallow-water fields (channel and lat-lon), stored with each
@@ -17,13 +21,15 @@ C_GRID_ATTRIBUTES = {
 }
 
 
-class CheckpointedModel:
-    """Mixin for the stencil models: state fields (owned cells) plus replicated scalars.
+class StencilModel(Model):
+    """Base of the stencil models: state fields (owned cells) on a decomposed grid, plus replicated scalars.
 
     A model provides ``name``, ``grid``, ``dtype``, ``fields``, ``step_index``, ``time`` and the hooks
     ``_extra_state()`` (more replicated values), ``_restore_extra(replicated)`` (check / adopt them) and
-    ``after_restore()`` (fill ghost cells).
+    ``after_restore()`` (fill ghost cells); this class turns them into the simulation interface.
     """
+
+    unit = "cell-updates/s"
 
     def checkpoint_state(self) -> dict:
         """``{"fields": {name: Field}, "replicated": {...}}`` for the checkpoint manager."""
@@ -32,7 +38,15 @@ class CheckpointedModel:
                                "precision": self.dtype, "step": self.step_index, "time": self.time,
                                **self._extra_state()}}
 
-    def restore(self, replicated: dict, step: int, options: dict) -> None:
+    def load_checkpoint(self, control) -> int | None:
+        """Collective: fill the fields from ``--restart`` and continue from its step (None: fresh start)."""
+        restored = control.restore(fields={f.name: f for f in self.fields})
+        if restored is None:
+            return None
+        self.restore(restored.replicated, restored.step)
+        return restored.step
+
+    def restore(self, replicated: dict, step: int) -> None:
         """Continue from a loaded checkpoint (fields already filled); refuse an incompatible one."""
         expected = {"model": self.name, "global_shape": list(self.grid.global_shape), "precision": self.dtype}
         found = {key: (list(replicated[key]) if key == "global_shape" else replicated[key]) for key in expected}
@@ -44,3 +58,34 @@ class CheckpointedModel:
         self.step_index = int(step)
         self._restore_extra(replicated)
         self.after_restore()
+
+    # ------------------------------------------------------------------ the rest of the simulation interface
+    def header_lines(self, comm, arch) -> list[str]:
+        return [f"backend: {arch.name} ({arch.reason})", f"ranks: {comm.size} on {comm.n_nodes} node(s); {self.grid}"]
+
+    def decomposition(self) -> dict:
+        return {"dims": list(self.grid.dims), "global_shape": list(self.grid.global_shape),
+                "periodic": list(self.grid.periodic)}
+
+    def finite_arrays(self) -> list:
+        return [f.interior for f in self.fields]
+
+    def nan_message(self, step: int, ranks: list[int]) -> str:
+        return (f"the {self.name} state holds NaN/Inf at step {step} (ranks {ranks}); expected finite values. "
+                "The time step is probably unstable: lower --dt or --cfl, or add --viscosity.")
+
+    def checksum(self) -> str:
+        """Collective: the fields' owned cells in global index order."""
+        return fields_checksum(self.comm, self.fields)
+
+    def summary_extra(self, simulation) -> dict:
+        return {"model": self.name, "precision": self.dtype, "updates_per_step": self.updates_per_step,
+                "graph": simulation.graph_used, "transport": auto_transport_name(self.arch)}
+
+    def throughput_line(self, steps: int, wall: float, throughput: float, n_ranks: int) -> str:
+        return (f"{steps} steps in {wall:.3f} s: {throughput / 1e9:.3f} G{self.unit} "
+                f"({throughput / 1e9 / n_ranks:.3f} per rank)")
+
+
+#: The earlier name of :class:`StencilModel`.
+CheckpointedModel = StencilModel

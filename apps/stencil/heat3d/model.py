@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 import hpcgpu
-from apps.stencil.checkpointing import CheckpointedModel
+from apps.stencil.checkpointing import StencilModel
 from hpcgpu.errors import ConfigurationError, NumericalError
 from apps.stencil.heat3d.problem import amplification_factor, check_stability, exact_solution, initial_condition
 from apps.stencil.heat3d.step import heat3d_step
 from apps.stencil.pingpong import PingPongStencil
 
 
-class Heat3DModel(CheckpointedModel):
+class Heat3DModel(StencilModel):
     """u_{n+1} = u_n + r (sum of 6 neighbours - 6 u_n) on a periodic nz x ny x nx box.
 
     Parameters
@@ -78,7 +78,7 @@ class Heat3DModel(CheckpointedModel):
         }
 
 
-    # ------------------------------------------------------------------ checkpoint / restart (CheckpointedModel)
+    # ------------------------------------------------------------------ checkpoint / restart (StencilModel)
     @property
     def time(self) -> float:
         return float(self.step_index)

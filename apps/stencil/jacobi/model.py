@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 
 import hpcgpu
-from apps.stencil.checkpointing import CheckpointedModel
+from apps.stencil.checkpointing import StencilModel
 from apps.stencil.jacobi.problem import check_global_shape, fill_initial_state, fixed_local_columns
 from apps.stencil.jacobi.sweep import jacobi_sweep
 from apps.stencil.pingpong import PingPongStencil
 
 
-class JacobiModel(CheckpointedModel):
+class JacobiModel(StencilModel):
     """2D Laplace, 5-point Jacobi, periodic in y, Dirichlet columns at x = 0 and nx - 1.
 
     Parameters
@@ -101,7 +101,7 @@ class JacobiModel(CheckpointedModel):
         return {"residual_l2": self.norm, "norm_every": self.norm_every}
 
 
-    # ------------------------------------------------------------------ checkpoint / restart (CheckpointedModel)
+    # ------------------------------------------------------------------ checkpoint / restart (StencilModel)
     @property
     def time(self) -> float:
         return float(self.step_index)

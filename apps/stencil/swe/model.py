@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 import hpcgpu
-from apps.stencil.checkpointing import C_GRID_ATTRIBUTES, CheckpointedModel
+from apps.stencil.checkpointing import C_GRID_ATTRIBUTES, StencilModel
 from apps.stencil.swe.boundaries import fill_channel_boundaries
 from apps.stencil.swe.diagnostics import DIAGNOSTIC_NAMES, local_diagnostics
 from apps.stencil.swe.initial_conditions import fill_initial_state, make_initial_condition
@@ -31,7 +31,7 @@ from hpcgpu.halo.regions import split_owned
 SECONDS_PER_DAY = 86400.0
 
 
-class SweModel(CheckpointedModel):
+class SweModel(StencilModel):
     """Nonlinear shallow water on a beta-plane channel (periodic in x, free-slip walls in y)."""
 
     name = "swe"
@@ -135,6 +135,15 @@ class SweModel(CheckpointedModel):
                     swe_stage(out, base, stage, a, b, self.dt, self.tile, region)
         self.step_index += 1
 
+    @property
+    def default_steps(self) -> int:
+        """The steps of ``--days`` (default 6) at the time step ``dt``."""
+        return self.steps
+
+    def set_final_step(self, final_step: int) -> None:
+        """``--steps`` wins over ``--days``: the header describes the steps that will run."""
+        self.steps = final_step
+
     def capturable(self, n_steps: int = 1) -> bool:
         return not (self.snapshot_every and any((self.step_index + k) % self.snapshot_every == 0 for k in range(1, n_steps + 1)))
 
@@ -194,7 +203,7 @@ class SweModel(CheckpointedModel):
             plot_state(self, output / "swe_final.png")
 
 
-    # ------------------------------------------------------------------ checkpoint / restart (CheckpointedModel)
+    # ------------------------------------------------------------------ checkpoint / restart (StencilModel)
     def _extra_state(self) -> dict:
         return {"dt": self.dt, "init": self.init_name}
 
