@@ -74,7 +74,7 @@ def parse_arguments(argv):
                         help="heat3d launch shapes tried, 'default', 'all' or TXxTYxPLANES,... (best in the table)")
     parser.add_argument("--swe-size", default="8192x4096", help="shallow-water NXxNY (0: skip)")
     parser.add_argument("--swe-tiles", default="default",
-                        help="shallow-water tiles: 'default', 'all' or a list of 'simple' / TXxTYxTHREADS")
+                        help="shallow-water kernels: 'default', 'all' or a list of 'simple', TXxTYxTHREADS, marchROWSxAHEAD")
     parser.add_argument("--json", help="write all results as JSON to this path")
     arguments = parser.parse_args(argv)
     arguments.batch += arguments.batch % 2  # ping-pong ends in the starting buffers
@@ -312,18 +312,24 @@ def _swe_scalars(params, a, b, dt):
 
 
 def swe_tiles(dtype, text):
-    """The tile list named by ``--swe-tiles`` that exists for ``dtype``."""
+    """The kernel choices named by ``--swe-tiles`` that exist for ``dtype``."""
     from apps.stencil.swe import stage_gpu
 
     dtype = np.dtype(dtype)
     if text == "default":
         return [stage_gpu.DEFAULT_TILE[dtype]]
+    choices = stage_gpu.kernel_choices(dtype)
     if text == "all":
-        return ["simple"] + [t for t in stage_gpu.TILES if stage_gpu._fits_static_shared_memory(dtype, t)]
+        return list(choices)
     tiles = []
     for item in text.split(","):
-        tile = item if item == "simple" else tuple(int(v) for v in item.split("x"))
-        if tile == "simple" or stage_gpu._fits_static_shared_memory(dtype, tile):
+        if item == "simple":
+            tile = item
+        elif item.startswith("march"):  # marchROWSxAHEAD
+            tile = ("march",) + tuple(int(v) for v in item[len("march"):].split("x"))
+        else:
+            tile = tuple(int(v) for v in item.split("x"))
+        if tile in choices:
             tiles.append(tile)
     return tiles
 

@@ -90,9 +90,9 @@ def test_jet_run_gpu_matches_cpu(cupy):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("viscosity, hyperviscosity", [(0.0, 1.0e9), (50.0, 2.0e10), (30.0, 0.0), (0.0, 0.0)])
 def test_every_stage_kernel_equals_the_cpu_bitwise(cupy, dtype, viscosity, hyperviscosity):
-    """The tiled kernel (every compiled tile) and the simple one give the CPU's bits, NaN-poisoned
+    """Every kernel choice (march lengths, tiles, simple) gives the CPU's bits into NaN-poisoned
     outputs: whole odd-sized tiles with partial tiles at the edges, an inner region, thin strips
-    (the simple kernel's fallback), and untouched cells outside the region."""
+    (the tiled kernel's fallback), and untouched cells outside the region."""
     from apps.stencil.swe import kernel_constants, stage_gpu
     from apps.stencil.swe.stage_cpu import stage_cpu
 
@@ -108,7 +108,7 @@ def test_every_stage_kernel_equals_the_cpu_bitwise(cupy, dtype, viscosity, hyper
     cpu_params = tile_parameters(parameters, 0, parameters.ny, w, dtype=dtype)
     gpu_params = tile_parameters(parameters, 0, parameters.ny, w, xp=cupy, dtype=dtype)
     constants = kernel_constants(cpu_params)
-    tiles = ["simple"] + [t for t in stage_gpu.TILES if stage_gpu._fits_static_shared_memory(np.dtype(dtype), t)]
+    tiles = stage_gpu.kernel_choices(dtype)
     regions = [(w, shape[0] - w, w, shape[1] - w), (w + 3, w + 40, w + 5, w + 150),
                (w, w + 2, w, shape[1] - w), (w, shape[0] - w, shape[1] - w - 2, shape[1] - w)]  # fmt: skip
     for region in regions:
