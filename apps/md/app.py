@@ -1,12 +1,11 @@
 """``apps.md``: Lennard-Jones molecular dynamics on many ranks (``mpirun -np 8 lmp`` with ``bench/in.lj``).
 
-The run loop, in order, on every rank::
-
-    parse options (same on every rank) -> choose backend -> box and sub-boxes (3D, periodic)
-    -> this rank's atoms (lattice or LAMMPS data file) -> ghosts, neighbour list, forces
-    repeat: step (distributed.step: integrate, rebuild/migrate or ghost refresh, forces)
-            -> thermo line every --thermo-every steps -> H5MD frame every --dump-every steps -> progress
-    final thermo -> checksum (atoms sorted by id) -> data file, plot, table and JSON summary (rank 0)
+This module is the app's configuration: the command line, the MD configuration and the initial
+state (box and sub-boxes, this rank's atoms from a lattice or a LAMMPS data file, ghosts, neighbour
+list, forces). The run loop is :class:`hpcgpu.simulation.Simulation`'s; the model and its outputs
+(thermo lines every ``--thermo-every`` steps, H5MD frames every ``--dump-every`` steps, the data file
+and plot) are in :mod:`apps.md.simulation_model`; a step is ``distributed.step`` (integrate,
+rebuild/migrate or ghost refresh, forces).
 
 Checkpoints (``--checkpoint-every``, stop signals, the wall-time limit) hold the owned atoms with their
 positions at the last neighbour-list build (``distributed.checkpoint_payload``); ``--restart`` rebuilds
@@ -16,29 +15,23 @@ the same ghosts and list from those and continues bitwise with the same rank cou
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 
 import numpy as np
 
 import hpcgpu
-from hpcgpu.app.checkpointing import RunControl
-from hpcgpu.app.checksum import hash_arrays
 from hpcgpu.app.cli import common_parser, non_negative_int, positive_int
-from hpcgpu.app.environment import files_written, prepare_output
+from hpcgpu.app.environment import prepare_output
 from hpcgpu.app.main import run_app
-from hpcgpu.app.plausibility import check_throughput
-from hpcgpu.app.progress import Progress, steps_text
-from hpcgpu.app.summary import make_summary, write_json
-from hpcgpu.app.timers import PhaseTimers, format_timers
-from hpcgpu.errors import ConfigurationError, NumericalError
-from hpcgpu.monitor import GpuMonitor, add_monitor_arguments
+from hpcgpu.errors import ConfigurationError
+from hpcgpu.monitor import add_monitor_arguments
 from hpcgpu.particles import ParticleDomain
+from hpcgpu.simulation import Simulation
 
 from . import distributed, system
 from .potential import lennard_jones
 from .serial import EXCHANGES, MDConfig
-from .thermo import format_thermo, thermo_header
+from .simulation_model import LennardJonesModel, ThermoOutput, TrajectoryOutput
 
 DESCRIPTION = """\
 Lennard-Jones molecular dynamics on many GPUs (one MPI rank per GPU, or NumPy + Numba on CPUs), in
@@ -196,192 +189,21 @@ def build_state(comm, arch, options, config):
 def run(options, comm) -> dict:
     """Run the configured simulation; returns the summary record (on every rank)."""
     config = make_config(options)
+    steps = options.steps if options.steps is not None else 100
     arch = hpcgpu.arch.auto(comm, backend=options.backend, bind_cpus=options.bind_cpus)
-    monitor = GpuMonitor.from_options(comm, arch, options)  # --monitor: NVML sampling thread, else a no-op
     # Checks every output path (--write-data too) before the run, so its results are never lost at the end.
     output = prepare_output(comm, arch, options, files={"--write-data": options.write_data})
-    loud = comm.rank == 0 and not options.quiet
     setup_started = time.perf_counter()
     state, atoms, config = build_state(comm, arch, options, config)
-    control = RunControl(comm, options, app="apps.md", output=output, quiet=options.quiet)
-    restored = control.restore(particles=True, select_fn=_owned_by(state.domain))
-    if restored is not None:
-        state = _restore(comm, state, restored, config, options, arch)
-    setup_seconds = time.perf_counter() - setup_started
-    timers = PhaseTimers(arch)
-    domain = state.domain
-    steps = options.steps if options.steps is not None else 100
-    thermo_every = options.thermo_every or max(steps, 1)
-    if loud:
-        print(f"apps.md {hpcgpu.__version__}: Lennard-Jones MD, {atoms.description}")
-        print(f"box {' x '.join(f'{v:.6g}' for v in domain.box)} sigma; {config.potential.variant} cut "
-              f"{config.potential.max_cutoff:g}, skin {config.skin:g}, dt {config.dt:g}, "
-              f"thermostat {options.thermostat}, {options.precision}"
-              f"{' (fp32 pair forces, fp64 accumulation)' if options.precision == 'fp32' else ''}")
-        print(f"backend: {arch.name} ({arch.reason})")
-        print(f"ranks: {comm.size} on {comm.n_nodes} node(s); {domain.describe()}")
-        print(f"steps: {steps_text(state.step, steps)}", flush=True)
-        print(thermo_header())
-    writer = _open_trajectory(comm, state, output, options, config)
-    history, conserved = [], []
-
-    def sample_thermo():
-        with timers.phase("thermo"):
-            sample = distributed.thermo(state, config)
-            conserved.append(distributed.conserved_energy(state, config, sample))
-        if not all(math.isfinite(v) for v in sample[1:]):
-            raise NumericalError(f"thermo at step {sample.step} is not finite ({format_thermo(sample).strip()}); "
-                                 "expected finite energies. The time step is probably too large: lower --dt.")
-        history.append(sample)
-        if loud:
-            print(format_thermo(sample), flush=True)
-        return sample
-
-    sample_thermo()
-    if writer is not None:
-        _dump(comm, state, writer, history[-1], timers)
-    first_step = state.step
-    progress = Progress(comm, steps, enabled=not options.quiet, first=first_step)
-
-    def checkpoint_state():
-        particles, replicated = distributed.checkpoint_payload(state)
-        replicated.update({"potential": config.potential.variant, "precision": options.precision,
-                           "thermostat": options.thermostat})
-        return {"particles": particles, "replicated": replicated}
-
-    distributed.warm_up(state)   # NCCL peer connections are made here, not in the first timed step
-    comm.barrier()
-    arch.synchronize()
-    timers.reset()   # the initial thermo and frame above are set-up: phases cover the timed loop only
-    started = time.perf_counter()
-    while state.step < steps:
-        next_step = state.step + 1
-        want_thermo = next_step % thermo_every == 0 or next_step == steps
-        with timers.range(f"step {next_step}"):
-            distributed.step(state, config, compute_energy=want_thermo, timers=timers)
-        sample = sample_thermo() if want_thermo else None
-        if writer is not None and options.dump_every and state.step % options.dump_every == 0:
-            _dump(comm, state, writer, sample, timers)
-        progress.update(state.step)
-        control.after_step(state.step, checkpoint_state, timers)
-    control.finish(state.step, checkpoint_state)
-    distributed.settle(state, config, timers)   # the last steps since a check (replayed if needed)
-    arch.synchronize()
-    wall = time.perf_counter() - started
-    steps_done = state.step - first_step
-    monitor_extra = monitor.finish(comm)  # collective; {} without --monitor
-    gathered = distributed.gather_by_id(state)   # after the timed loop: not a phase (it is not in wall)
-    checksum = hash_arrays([(name, gathered[name]) for name in ("atom_ids", "types", "positions", "images",
-                                                                 "velocities")]) if comm.rank == 0 else None
-    checksum = comm.broadcast(checksum)
-    diagnostics = _diagnostics(comm, state, config, history, conserved)
-    diagnostics["setup_seconds"] = setup_seconds
-    timer_summary = timers.summary(comm, wall)
-    throughput = state.n_atoms * steps_done / wall if wall > 0 else 0.0
-    # Collective; a step reads and writes positions and velocities at least once (3 components each).
-    itemsize = 8 if options.precision == "fp64" else 4
-    plausibility = check_throughput(comm, arch, throughput, "atom-steps/s", 12 * itemsize)
-    summary = make_summary(
-        app="apps.md", backend=arch.name, comm=comm,
-        decomposition={"dims": list(domain.dims), "axes": "x,y,z", "box": domain.box.tolist(), "periodic": [True] * 3},
-        steps=steps_done, wall_seconds=wall, throughput=throughput, unit="atom-steps/s", timers=timer_summary,
-        diagnostics=diagnostics, checksum=checksum,
-        extra={"first_step": first_step, "final_step": state.step,
-               "n_atoms": state.n_atoms, "precision": options.precision, "thermostat": options.thermostat,
-               "potential": config.potential.variant,
-               "thermo": [dict(zip(("step", "temp", "e_pair", "toteng", "press"), s)) for s in history],
-               **plausibility, **monitor_extra},
-    )
-    if comm.rank == 0:
-        if writer is not None:
-            writer.close()
-        if options.write_data:
-            system.write_gathered(options.write_data, gathered, domain.box, atoms.masses,
-                                  f"LAMMPS data file written by hpcgpu apps.md at step {state.step}",
-                                  box_lower=atoms.box_lower, box_upper=atoms.box_upper)
-        if not options.no_plot and history:
-            from .plot import plot_thermo
-
-            plot_thermo(output / "thermo.png", history, f"apps.md: {state.n_atoms} atoms, {comm.size} rank(s)")
-    if loud:
-        print()
-        print(f"{steps_done} steps of {state.n_atoms} atoms in {wall:.3f} s: {throughput:,.4g} atom-steps/s "
-              f"({throughput / comm.size:,.4g} per rank)")
-        print(format_timers(timer_summary, wall))
-        monitor.print_table()
-        for key in ("energy_drift", "neighbor_builds", "neighbor_reallocations", "rebuild_checks", "step_graphs",
-                    "resident_steps", "atoms_per_rank",
-                    "ghosts_per_rank"):
-            print(f"{key:<24} {diagnostics[key]}")
-        print(f"checksum {checksum}")
-    if comm.rank == 0 and options.summary:
-        write_json(options.summary, summary)
-    if loud:
-        if options.write_data:
-            print(f"data file: {options.write_data}")
-        for line in files_written(output, options.summary, control.manager.directory,
-                                  control.last_saved_step is not None and control.last_saved_step > first_step):
-            print(line)
-    return summary
-
-
-def _owned_by(domain):
-    """Selection of checkpointed atoms for this rank: those whose reference position lies in its sub-box."""
-    def select(rows):
-        positions = np.asarray(rows["reference_positions"], dtype=np.float64)
-        return domain.subbox.contains(np.mod(positions, domain.box))
-    return select
-
-
-def _restore(comm, fresh, restored, config, options, arch):
-    """The state of a checkpoint, after checking that it belongs to this system."""
-    replicated = restored.replicated
-    expected = {"n_atoms": fresh.n_atoms, "box": [float(v) for v in fresh.box], "potential": config.potential.variant,
-                "precision": options.precision, "thermostat": options.thermostat}
-    found = {key: replicated[key] for key in expected}
-    if found != expected:
-        raise ConfigurationError(f"the checkpoint holds {found} but this run is {expected}; restart with the same "
-                                 "system options (any number of ranks works)")
-    dtype = np.float64 if options.precision == "fp64" else np.float32
-    return distributed.restore(fresh.domain, restored.particles, replicated, config, dtype, xp=arch.xp)
-
-
-def _open_trajectory(comm, state, output, options, config):
-    """The H5MD trajectory when --dump-every is set (collective: :class:`apps.md.h5md.Trajectory`)."""
-    if not options.dump_every:
-        return None
-    from .h5md import TRAJECTORY_NAME, Trajectory
-
-    return Trajectory(comm, output / TRAJECTORY_NAME, state, config, options.dump_every)
-
-
-def _dump(comm, state, writer, sample, timers) -> None:
-    with timers.phase("io"):
-        writer.dump(state, sample)
-
-
-def _diagnostics(comm, state, config, history, conserved) -> dict:
-    """Thermo at both ends, drift of the conserved energy (TotEng, plus the Nose-Hoover term), counts."""
-    first, last = history[0], history[-1]
-    elapsed = (last.step - first.step) * config.dt
-    change = conserved[-1] - conserved[0]
-    counts = comm.mpi.allgather((state.n_local, 0 if state.resident is not None else state.ghosts.n_ghost))
-    return {
-        "thermo_first": first._asdict(), "thermo_last": last._asdict(),
-        "energy_drift": {
-            "quantity": "TotEng + Nose-Hoover energy per atom" if config.thermostat == "nose_hoover" else "TotEng per atom",
-            "relative": change / abs(conserved[0]) if conserved[0] else 0.0,
-            "per_atom_per_tau": change / elapsed if elapsed > 0 else 0.0,
-        },
-        "neighbor_builds": state.n_builds,
-        "neighbor_reallocations": state.n_reallocations,
-        "neighbor_capacity": state.neighbor_list.capacity,
-        "rebuild_checks": state.watch.summary() if state.watch is not None else {"check_interval": 1},
-        "step_graphs": state.graphs.summary() if state.graphs is not None else None,
-        "resident_steps": state.resident.summary() if state.resident is not None else None,
-        "atoms_per_rank": {"min": min(c[0] for c in counts), "max": max(c[0] for c in counts)},
-        "ghosts_per_rank": {"min": min(c[1] for c in counts), "max": max(c[1] for c in counts)},
-    }
+    model = LennardJonesModel(comm, arch, state, atoms, config, options, final_step=steps,
+                              setup_seconds=time.perf_counter() - setup_started)
+    operations = [ThermoOutput(model)]
+    if options.dump_every:
+        operations.append(TrajectoryOutput(model, options.dump_every))
+    # --graph is MD's own (graphs of the sync-free parts of a step, apps.md.step_graph): not the driver's.
+    simulation = Simulation(comm, arch, model, options, app="apps.md", output=output, final_step=steps,
+                            operations=operations, graph=False, plot=not options.no_plot)
+    return simulation.run()
 
 
 def main(argv=None) -> int:
