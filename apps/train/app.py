@@ -1,34 +1,35 @@
 """``apps.train``: data-parallel neural-network training (CuPy + NCCL, or NumPy + Numba + MPI).
 
-The run loop, in order, on every rank::
-
-    parse options (same on every rank) -> choose backend -> load data (rank 0 generates
-    MNIST-1D once) -> model, optimiser, gradient sync (DDP buckets or ZeRO-1) -> restart?
-    -> measure the bucketed allreduce alone (for the overlap report)
-    repeat: next batch shard (prefetched) -> train step (forward, backward with bucket
-            allreduces, optimiser) -> progress -> evaluation every N -> checkpoint / stop?
-    final evaluation -> replica check -> checksum -> table, plot and JSON summary (rank 0)
+This module is the app's configuration: the command line, each model's recipe of defaults
+(:func:`resolve_options`), the data (rank 0 generates MNIST-1D once) and the network, optimiser and
+gradient synchroniser (DDP buckets or ZeRO-1). The run loop is :class:`hpcgpu.simulation.Simulation`'s;
+:mod:`apps.train.simulation_model` adapts training to it (a step: next batch shard, prefetched ->
+forward, backward with bucket allreduces, optimiser; evaluation every ``--eval-every`` steps; final
+evaluation, replica check and the checksum of the weights).
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
-import time
 from pathlib import Path
 
 import hpcgpu
-from hpcgpu.app.checksum import hash_arrays
-from hpcgpu.app.cli import common_parser, non_negative_int, positive_int
-from hpcgpu.app.environment import files_written, prepare_output
+from hpcgpu.app.checkpointing import fingerprinted_options
+from hpcgpu.app.cli import FrozenOptions, common_parser, non_negative_int, positive_int
+from hpcgpu.app.environment import prepare_output
 from hpcgpu.app.main import run_app
-from hpcgpu.app.progress import Progress, steps_text
-from hpcgpu.app.summary import make_summary, write_json
-from hpcgpu.app.timers import PhaseTimers, format_timers
-from hpcgpu.errors import ConfigurationError, NumericalError
+from hpcgpu.errors import ConfigurationError
+from hpcgpu.monitor import add_monitor_arguments
+from hpcgpu.simulation import AtEnd, Periodic, Simulation, nccl_channel_limit
+from hpcgpu.simulation.operations import rate_note
+from hpcgpu.simulation.triggers import Always
 
-from ._backend import to_numpy
 from .data import data_file_problem
+from .distributed import check_allreduce, make_sync
+from .loader import open_training_data
+from .models import large_mlp, mnist1d_cnn, mnist1d_mlp
+from .simulation_model import Evaluation, TrainingModel
+from .simulation_model import launch_bound_note  # noqa: F401 - re-exported (tests import it from here)
+from .trainer import TrainConfig, Trainer, init_train_state
 
 MODELS = ("mlp", "cnn", "large-mlp")
 
@@ -115,24 +116,26 @@ def build_parser(rank: int = 0):
     for action in parser._actions:
         if action.dest == "seed":
             action.help = "random seed of initialisation, shuffle and dropout [42]"
+    add_monitor_arguments(parser)  # --monitor, --monitor-interval, --profile
     return parser
 
 
-def fill_defaults(options):
-    """Replace the options left at None by the model's recipe (``RECIPES``); returns None."""
+def recipe_defaults(options) -> dict:
+    """The values of the options left at None, from the model's recipe (``RECIPES``)."""
     recipe = RECIPES[options.model]
-    for key in ("steps", "batch_size", "lr", "optimizer", "weight_decay", "warmup", "schedule"):
-        if getattr(options, key) is None:
-            setattr(options, key, recipe[key])
+    values = {key: recipe[key] for key in ("steps", "batch_size", "lr", "optimizer", "weight_decay", "warmup",
+                                           "schedule") if getattr(options, key) is None}
+    steps = values.get("steps", options.steps)
     if options.eval_every is None:
-        options.eval_every = max(1, options.steps // 10) if options.steps else 0
+        values["eval_every"] = max(1, steps // 10) if steps else 0
+    return values
 
 
-def validate(options, comm):
-    """Check option values (replicated: every rank raises the same ConfigurationError)."""
-    from .distributed import check_allreduce
-
-    fill_defaults(options)
+def resolve_options(options, comm) -> FrozenOptions:
+    """The options with the recipe's defaults filled in, checked (every rank raises the same
+    ConfigurationError); ``options`` itself is left as parsed."""
+    options = FrozenOptions(options, **recipe_defaults(options),
+                            checkpoint_dir=options.checkpoint_dir or str(Path(options.output) / "checkpoints"))
     if not options.lr > 0:
         raise ConfigurationError(f"--lr must be positive, got {options.lr}")
     if options.weight_decay < 0:
@@ -159,14 +162,11 @@ def validate(options, comm):
         problem = comm.broadcast(data_file_problem(options.data) if comm.rank == 0 else None)
         if problem is not None:
             raise ConfigurationError(problem)
-    if options.checkpoint_dir is None:
-        options.checkpoint_dir = str(Path(options.output) / "checkpoints")
+    return options
 
 
 def load_data(options, comm):
     """Collective: the training data (rank 0 generates and caches MNIST-1D first)."""
-    from .loader import open_training_data
-
     data, problem = None, None
     if comm.rank == 0:
         try:
@@ -196,8 +196,7 @@ def _data_error(path, exc) -> str:
 
 
 def build_model(options, sample_shape, n_classes):
-    from .models import large_mlp, mnist1d_cnn, mnist1d_mlp
-
+    """The network of ``--model`` for samples of ``sample_shape`` and ``n_classes`` classes."""
     if len(sample_shape) != 1:
         raise ConfigurationError(f"the models expect samples of shape (features,), the data has "
                                  f"{sample_shape}; flatten x to (n, features)")
@@ -213,8 +212,7 @@ def build_model(options, sample_shape, n_classes):
 
 
 def train_config(options):
-    from .trainer import TrainConfig
-
+    """The :class:`~apps.train.trainer.TrainConfig` of the resolved options."""
     return TrainConfig(
         optimizer=options.optimizer, lr=options.lr, weight_decay=options.weight_decay,
         momentum=options.momentum, warmup_steps=options.warmup,
@@ -224,225 +222,32 @@ def train_config(options):
         init_loss_scale=options.loss_scale, seed=options.seed)
 
 
-@contextlib.contextmanager
-def cpu_thread_limits(options, comm, arch):
-    """CPU: cap BLAS threads per rank (small matmuls are 4-30x slower multithreaded on 2 cores)."""
-    if arch.is_gpu:
-        yield "GPU"
-        return
-    threads = options.blas_threads
-    if threads == 0:
-        threads = 1 if options.model in ("mlp", "cnn") else hpcgpu.arch.cpu_threads_per_rank(comm)
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        yield f"not capped (pip install threadpoolctl, or set OPENBLAS_NUM_THREADS={threads})"
-        return
-    with threadpool_limits(limits=threads, user_api="blas"):
-        yield f"{threads} BLAS thread(s) per rank"
-
-
 def run(options, comm) -> dict:
     """Train as configured; returns the summary record (on every rank)."""
-    from hpcgpu.app.checkpointing import RunControl
-
-    from .checkpointing import restore_training_checkpoint, training_checkpoint_payload
-    from .distributed import check_allreduce, evaluate_distributed, make_sync, replicas_identical
-    from .loader import ShardedLoader
-    from .trainer import Trainer, init_train_state, train_step
-
-    validate(options, comm)
-    arch = hpcgpu.arch.auto(comm, backend=options.backend, bind_cpus=options.bind_cpus)
-    check_allreduce(comm, options.allreduce, is_gpu=arch.is_gpu, zero_stage=options.zero)   # --backend auto
-    output = prepare_output(comm, arch, options)   # checks every output path first; OUTPUT/environment.json
-    data = load_data(options, comm)
-    if options.batch_size > data.source.n_samples:
-        raise ConfigurationError(f"--batch-size {options.batch_size} exceeds the {data.source.n_samples} "
-                                 "training samples; use a smaller global batch")
-    model = build_model(options, data.source.sample_shape, data.n_classes)
-    trainer = Trainer(model, train_config(options))
-    sync = make_sync(comm, arch, options.zero, options.bucket_mb, options.nccl_channels, options.allreduce)
-    state = init_train_state(trainer, arch.xp, sync)
-    loud = comm.rank == 0 and not options.quiet
-    # Training steps are long: the ranks agree on stopping (signal, wall-time limit) after every step.
-    control = RunControl(comm, options, app="apps.train", output=output, quiet=options.quiet, stop_check_every=1)
-    history = {"step": [], "loss": [], "eval_step": [], "test_loss": [], "test_accuracy": []}
-
-    def load(manager, which):
-        history.update(restore_training_checkpoint(manager, which, trainer, state, sync, options.model,
-                                                   steps=options.steps, reschedule=options.reschedule,
-                                                   note_fn=print if loud else None))
-        return state.step
-
-    def checkpoint_state():
-        return training_checkpoint_payload(trainer, state, sync, history, options.model)
-
-    control.restore_with(load)
-    first_step = state.step
-    with cpu_thread_limits(options, comm, arch) as threads_note:
-        sync.measure_allreduce_alone()
-        if loud:
-            _print_header(options, comm, arch, trainer, data, sync, threads_note, first_step)
-        timers = PhaseTimers(arch)
-        progress = Progress(comm, options.steps, unit="steps", enabled=not options.quiet, first=first_step)
-        loader = ShardedLoader(data.source, options.batch_size, options.seed, comm.rank, comm.size,
-                               start_step=first_step, arch=arch)
-        x_test = y_test = None
-        if data.test is not None:
-            x_test, y_test = arch.from_host(data.test[0]), arch.from_host(data.test[1])
-        comm.barrier()
-        arch.synchronize()
-        started = time.perf_counter()
-        try:
-            while state.step < options.steps:
-                batch = loader.next()
-                metrics = train_step(trainer, state, batch.x, batch.y, batch.sample_index, sync, timers)
-                if not math.isfinite(metrics.loss) and options.precision != "fp16":
-                    error = NumericalError(
-                        f"the loss became {metrics.loss} at step {state.step}; expected a finite value. "
-                        "Lower --lr, add --clip-norm or use --warmup.")
-                    error.replicated = True   # the loss is allreduced: every rank sees it
-                    raise error
-                history["step"].append(state.step)
-                history["loss"].append(metrics.loss)
-                if x_test is not None and options.eval_every and state.step % options.eval_every == 0 \
-                        and state.step < options.steps:
-                    _evaluate_into(history, trainer, state, x_test, y_test, comm, evaluate_distributed)
-                # samples/s after the warm-up step, like the progress line's steps/s ("-" until timed)
-                steps_per_second = progress.rate(state.step, time.perf_counter())
-                rate = f"{options.batch_size * steps_per_second:,.0f}" if steps_per_second else "-"
-                progress.update(state.step, f"loss {metrics.loss:.4f}  {rate} samples/s")
-                control.after_step(state.step, checkpoint_state, timers)   # periodic save; stop on request
-            finishing = time.perf_counter()
-            control.finish(state.step, checkpoint_state)   # the end of the run is a checkpoint too
-            finish_seconds = time.perf_counter() - finishing
-            arch.synchronize()
-            wall = time.perf_counter() - started
-        finally:
-            loader.close()
-            control.close()   # after an error too: no writer thread or signal handler left behind
-        timers.add("io", loader.io_seconds + finish_seconds)
-        if x_test is not None and (not history["eval_step"] or history["eval_step"][-1] != state.step):
-            _evaluate_into(history, trainer, state, x_test, y_test, comm, evaluate_distributed)
-    params = to_numpy(state.precision.master_params)
-    identical = replicas_identical(comm, params)
-    checksum = comm.broadcast(hash_arrays([("params", params)]) if comm.rank == 0 else None, root=0)
-    timer_summary = timers.summary(comm, wall)
-    done = state.step - first_step
-    throughput = options.batch_size * done / wall if wall > 0 else 0.0
-    diagnostics = _diagnostics(history, state, trainer, sync, identical)
-    summary = make_summary(
-        app="apps.train", backend=arch.name, comm=comm,
-        decomposition=_decomposition(options, comm, sync),
-        steps=done, wall_seconds=wall, throughput=throughput, unit="samples/s", timers=timer_summary,
-        diagnostics=diagnostics, checksum=checksum,
-        extra={"model": options.model, "n_params": trainer.model.n_params, "precision": options.precision,
-               "first_step": first_step, "final_step": state.step,
-               "data": data.description, "optimizer": options.optimizer},
-    )
-    if comm.rank == 0 and not options.no_plot:
-        from .report import plot_history
-
-        plot_history(history, output / "loss_curve.png", title=f"apps.train {options.model}")
-    if loud:
-        _print_table(done, wall, throughput, comm, timer_summary, diagnostics, checksum)
-    if comm.rank == 0 and options.summary:
-        write_json(options.summary, summary)
-    if loud:
-        for line in files_written(output, options.summary, control.manager.directory,
-                                  control.last_saved_step is not None and control.last_saved_step > first_step):
-            print(line)
-    return summary
-
-
-def _evaluate_into(history, trainer, state, x_test, y_test, comm, evaluate_fn):
-    test_loss, accuracy = evaluate_fn(trainer, state, x_test, y_test, comm)
-    history["eval_step"].append(state.step)
-    history["test_loss"].append(test_loss)
-    history["test_accuracy"].append(accuracy)
-
-
-def _decomposition(options, comm, sync):
-    from .data import shard_bounds
-
-    shares = [hi - lo for lo, hi in (shard_bounds(options.batch_size, r, comm.size) for r in range(comm.size))]
-    return {"kind": "data-parallel", "replicas": comm.size, "global_batch_size": options.batch_size,
-            "local_batch_sizes": shares, "accum_steps": options.accum_steps, "zero_stage": options.zero,
-            "buckets": len(sync.buckets), "bucket_mb": options.bucket_mb if options.zero == 0 else None,
-            "allreduce": options.allreduce if options.zero == 0 else None}
-
-
-def _diagnostics(history, state, trainer, sync, identical):
-    losses = history["loss"]
-    scaler = getattr(state.precision, "scaler", None)
-    result = {
-        "final_loss": losses[-1] if losses else None,
-        "loss_curve": losses,
-        "loss_curve_first_step": int(history["step"][0]) if history["step"] else None,
-        "test_accuracy": history["test_accuracy"][-1] if history["test_accuracy"] else None,
-        "test_loss": history["test_loss"][-1] if history["test_loss"] else None,
-        "evaluations": {"step": history["eval_step"], "test_loss": history["test_loss"],
-                        "test_accuracy": history["test_accuracy"]},
-        "skipped_steps": int(scaler.skipped_steps) if scaler is not None else 0,
-        "loss_scale": float(scaler.scale) if scaler is not None else None,
-        "overlap": sync.overlap_stats(),
-        "replicas_identical": bool(identical),
-        "n_params": int(trainer.model.n_params),
-    }
-    return result
-
-
-#: Below this many parameters a GPU step is bound by kernel launches (docs/train.md: the MNIST-1D
-#: models run at 1.9-3 ms per step on an H200, 3-5x slower than on two CPU cores).
-LAUNCH_BOUND_PARAMETERS = 1_000_000
-
-
-def launch_bound_note(is_gpu, n_params, backend_option):
-    """A hint for a small model that the GPU was picked for automatically, else ``None``."""
-    if is_gpu and n_params < LAUNCH_BOUND_PARAMETERS and backend_option == "auto":
-        return (f"note: {n_params:,} parameters is too few to keep a GPU busy (each step is a few dozen "
-                "tiny kernel launches); --backend numpy runs this model faster")
-    return None
-
-
-def _print_header(options, comm, arch, trainer, data, sync, threads_note, first_step):
-    from .data import shard_bounds
-
-    shares = sorted({hi - lo for lo, hi in (shard_bounds(options.batch_size, r, comm.size)
-                                           for r in range(comm.size))})
-    share_text = "/".join(str(s) for s in shares)
-    sync_text = ("ZeRO-1 (optimiser state sharded, reduce-scatter + all-gather)" if options.zero
-                 else f"{len(sync.buckets)} allreduce bucket(s) of <= {options.bucket_mb:g} MB"
-                 + (" (copy engines, CUDA IPC)" if options.allreduce == "peer" else ""))
-    print(f"apps.train {hpcgpu.__version__}: {options.model}, {trainer.model.n_params:,} parameters, "
-          f"{options.precision}, {options.optimizer} lr {options.lr:g}"
-          + (", recompute" if options.recompute else ""))
-    print(f"data: {data.description}")
-    print(f"backend: {arch.name} ({arch.reason}); {threads_note}")
-    note = launch_bound_note(arch.is_gpu, trainer.model.n_params, options.backend)
-    if note:
-        print(note)
-    print(f"ranks: {comm.size} on {comm.n_nodes} node(s); data parallel: global batch {options.batch_size} = "
-          f"{comm.size} x {share_text} (accumulation {options.accum_steps}); {sync_text}")
-    print(f"steps: {steps_text(first_step, options.steps)}", flush=True)
-
-
-def _print_table(done, wall, throughput, comm, timer_summary, diagnostics, checksum):
-    print()
-    print(f"{done} steps in {wall:.3f} s: {throughput:,.1f} samples/s ({throughput / comm.size:,.1f} per rank)")
-    print(format_timers(timer_summary, wall))
-    for key in ("final_loss", "test_loss", "test_accuracy", "skipped_steps", "loss_scale",
-                "replicas_identical", "n_params"):
-        value = diagnostics[key]
-        if isinstance(value, float):
-            value = f"{value:.6g}"
-        print(f"{key:<24} {value}")
-    overlap = diagnostics["overlap"]
-    if overlap.get("hidden_fraction") is not None:
-        print(f"{'allreduce hidden':<24} {100 * overlap['hidden_fraction']:.1f}% "
-              f"(alone {overlap['allreduce_alone_ms']:.3f} ms/step, exposed {overlap['exposed_wait_ms']:.3f} ms/step, "
-              f"backward {overlap['backward_ms']:.3f} ms/step)")
-    print(f"checksum {checksum}", flush=True)
+    config = resolve_options(options, comm)
+    # NCCL_MAX_NCHANNELS for the gradient collectives: the communicator is created inside this block.
+    with nccl_channel_limit(config.nccl_channels):
+        arch = hpcgpu.arch.auto(comm, backend=config.backend, bind_cpus=config.bind_cpus)
+        check_allreduce(comm, config.allreduce, is_gpu=arch.is_gpu, zero_stage=config.zero)   # --backend auto
+        output = prepare_output(comm, arch, config)   # checks every output path first; OUTPUT/environment.json
+        data = load_data(config, comm)
+        if config.batch_size > data.source.n_samples:
+            raise ConfigurationError(f"--batch-size {config.batch_size} exceeds the {data.source.n_samples} "
+                                     "training samples; use a smaller global batch")
+        network = build_model(config, data.source.sample_shape, data.n_classes)
+        trainer = Trainer(network, train_config(config))
+        sync = make_sync(comm, arch, config.zero, config.bucket_mb, config.nccl_channels, config.allreduce)
+        state = init_train_state(trainer, arch.xp, sync)
+        model = TrainingModel(comm, arch, config, data, trainer, sync, state)
+        operations = []
+        if data.test is not None:   # evaluations every --eval-every steps; the last one is in the diagnostics
+            operations.append(Evaluation(model, Periodic(config.eval_every) & ~AtEnd()))
+        simulation = Simulation(
+            comm, arch, model, config, app="apps.train", output=output, final_step=config.steps,
+            operations=operations, nan_check=None if config.precision == "fp16" else Always(),
+            progress_note_fn=rate_note(config.batch_size), plot=not config.no_plot,
+            fingerprint=fingerprinted_options(config.as_dict()))
+        return simulation.run()
 
 
 def main(argv=None) -> int:

@@ -9,11 +9,11 @@ matrices run several times faster that way on 2 cores), or by hand:
 import json
 import time
 
-from apps.train.app import build_parser, fill_defaults, train_config
+from apps.train.app import build_parser, recipe_defaults, train_config
 from apps.train.data import generate_mnist1d
 from apps.train.models import mnist1d_cnn, mnist1d_mlp
 from apps.train.trainer import Trainer, fit, init_train_state
-from hpcgpu.app.cli import parse_args
+from hpcgpu.app.cli import FrozenOptions, parse_args
 
 MODELS = {"mlp": mnist1d_mlp, "cnn": mnist1d_cnn}
 SEEDS = (0, 1, 42)
@@ -22,7 +22,7 @@ SEEDS = (0, 1, 42)
 def recipe(name, seed):
     """``(TrainConfig, steps)`` of ``python -m apps.train --model NAME --seed SEED``."""
     options = parse_args(build_parser(), ["--model", name, "--seed", str(seed)])
-    fill_defaults(options)
+    options = FrozenOptions(options, **recipe_defaults(options))
     return train_config(options), options.steps
 
 
