@@ -1,9 +1,9 @@
-"""Checkpoint, restart and preemption for an app's run loop (``--checkpoint-every``, ``--restart`` ...).
+"""Checkpoint, restart and preemption for the run loop (``--checkpoint-every``, ``--restart`` ...).
 
-The loop of an app reads::
+The simulation driver (:class:`hpcgpu.simulation.Simulation`) uses it like this::
 
-    control = RunControl(comm, options, app="apps.stencil", output=output, step_seconds=...)
-    restored = control.restore(fields)                  # None for a fresh start
+    control = RunControl(comm, options, app="apps.stencil", output=output)
+    restored = control.restore(fields)                  # None for a fresh start (model.load_checkpoint)
     while step < steps:
         step = model.step()
         control.after_step(step, state_fn)              # periodic save; stop on signal / time limit

@@ -5,11 +5,11 @@ from __future__ import annotations
 import functools
 import os
 import platform
-import subprocess
 import tempfile
 from pathlib import Path
 
 import hpcgpu
+from hpcgpu import provenance
 from hpcgpu.app.cli import FrozenOptions
 from hpcgpu.app.jsonio import write_json
 from hpcgpu.errors import ConfigurationError
@@ -18,20 +18,9 @@ from hpcgpu.transport.nccl import nccl_version
 
 @functools.cache
 def git_commit() -> str | None:
-    """The commit of the hpcgpu checkout in use (``$HPCGPU_GIT_COMMIT`` if set; None outside git)."""
-    if os.environ.get("HPCGPU_GIT_COMMIT"):
-        # Set by job scripts that run a copy of the tree without .git (e.g. on a remote GPU machine).
-        return os.environ["HPCGPU_GIT_COMMIT"]
-    root = Path(__file__).resolve().parents[2]
-    try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        return None
-    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, timeout=10).stdout.strip()
-    return out.stdout.strip() + ("-dirty" if dirty else "")
+    """The commit of the hpcgpu checkout in use (``$HPCGPU_GIT_COMMIT`` if set; None outside git); read
+    once per process (:func:`hpcgpu.provenance.git_commit`)."""
+    return provenance.git_commit()
 
 
 def _version(module_name: str) -> str | None:
