@@ -20,6 +20,7 @@ and hence results gathered in global order, do not change.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from typing import Sequence
 
 from hpcgpu.decomposition_comm import gather_node_of_rank, make_cartcomm
@@ -76,9 +77,9 @@ class Decomposition:
             raise DecompositionError(f"node_aware must be True or False, got {node_aware!r}")
         self.dims = choose_dims(comm.size, self.global_shape, dims)
         node_of_rank = gather_node_of_rank(comm)   # collective; every rank gets the same tuple
-        n_nodes = len(set(node_of_rank))
+        ranks_per_node = Counter(node_of_rank)
         self.node_layout: NodeLayout = node_aware_layout(
-            n_nodes, max(node_of_rank.count(n) for n in range(n_nodes)), self.global_shape, self.periodic,
+            len(ranks_per_node), max(ranks_per_node.values()), self.global_shape, self.periodic,
             dims=self.dims, node_of_rank=node_of_rank)
         if not node_aware:
             self.node_layout = self.node_layout.rank_order()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -281,7 +282,7 @@ def node_aware_layout(n_nodes: int, gpus_per_node: int, global_shape: Sequence[i
                                      f"{gpus_per_node!r}")
         node_of_rank = [rank // gpus_per_node for rank in range(n_nodes * gpus_per_node)]
     nodes = normalise_nodes(node_of_rank)
-    counts = [nodes.count(node) for node in range(len(set(nodes)))]
+    counts = list(Counter(nodes).values())
     if len(counts) != n_nodes or max(counts) > gpus_per_node:
         raise DecompositionError(
             f"node_of_rank names {len(counts)} node(s) with up to {max(counts)} rank(s) each, but n_nodes={n_nodes} and "
@@ -318,7 +319,7 @@ def describe_node_traffic(layout: NodeLayout, exchanges_per_step: int = 1) -> st
     """One line for a run header, e.g.
     ``2 nodes x 4 ranks: node-aware layout 8x1 (node blocks 4x1): inter-node halo 131 kB/step vs 918 kB naive``.
     """
-    counts = sorted({layout.node_of_rank.count(n) for n in set(layout.node_of_rank)})
+    counts = sorted(set(Counter(layout.node_of_rank).values()))
     per_node = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
     tile = layout.node_tile()
     blocks = "x".join(map(str, tile)) if tile else "irregular"
