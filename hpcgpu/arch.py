@@ -17,6 +17,8 @@ import os
 import numpy as np
 
 from hpcgpu.errors import BackendError, ConfigurationError
+from hpcgpu.runtime.affinity import bind_near_gpu
+from hpcgpu.runtime.device import gpu_identity, probe_cupy, select_device
 
 BACKENDS = ("auto", "cupy", "numpy")
 
@@ -117,8 +119,6 @@ class GPU:
         # first such call silently moved every later kernel off the compute stream, out of the
         # event ordering with the communication stream and out of CUDA graph captures.
         self.compute_stream.__enter__()
-        from hpcgpu.runtime.device import gpu_identity
-
         self.identity = gpu_identity(device_id)
 
     def synchronize(self) -> None:
@@ -246,8 +246,6 @@ def auto(comm, backend: str = "auto", allow_sharing: bool = False, bind_cpus: bo
     if backend == "numpy":
         return _cpu(comm, "--backend numpy was requested")
 
-    from hpcgpu.runtime.device import probe_cupy, select_device
-
     usable, why = probe_cupy()
     flags = comm.mpi.allgather(why if not usable else None)
     failing = [(rank, text) for rank, text in enumerate(flags) if text is not None]
@@ -264,7 +262,5 @@ def auto(comm, backend: str = "auto", allow_sharing: bool = False, bind_cpus: bo
     device_id, how = select_device(comm, allow_sharing=allow_sharing)
     gpu = GPU(device_id, reason=f"{why}; {how}")
     if bind_cpus:
-        from hpcgpu.runtime.affinity import bind_near_gpu
-
         _, gpu.binding = bind_near_gpu(comm, gpu.identity.pci_bus_id)
     return gpu

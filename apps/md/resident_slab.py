@@ -66,7 +66,8 @@ import numpy as np
 from hpcgpu.runtime.capture import when_not_capturing
 from hpcgpu.transport.nccl import nccl_communicator
 
-from . import resident_slab_kernels
+from . import forces as forces_module
+from . import integrate, resident, resident_slab_kernels, watch
 from ._arrays import THREADS_PER_BLOCK, blocks_for, raw_kernel
 from .cells import make_cell_grid
 from .forces import lanes_per_atom
@@ -253,8 +254,6 @@ class SlabResidentSteps(SlabCapacities, SlabExchange, ChunkedGraphSteps):
     # -- kernels (verification, overflow and arrays: SlabCapacities; exchanges: SlabExchange) ----------------
     def _load_kernels(self, dtype) -> None:
         """Compile and load every kernel a graph holds now: no module loading while a stream captures."""
-        from . import forces, integrate, resident, watch
-
         real = "float" if np.dtype(dtype) == np.float32 else "double"
         for name in resident_slab_kernels._NAMES:
             if "<" not in name or name.endswith(f"<{real}>"):
@@ -263,14 +262,12 @@ class SlabResidentSteps(SlabCapacities, SlabExchange, ChunkedGraphSteps):
             resident._kernel(name)
         resident._kernel("md_resident_neighbors", dtype)
         raw_kernel(watch._CUDA_SOURCE, watch._NAMES, f"md_first_half_watch<{real}>")
-        raw_kernel(forces._CUDA_SOURCE, forces._NAMES, f"md_lj_forces<{real}>")
+        raw_kernel(forces_module._CUDA_SOURCE, forces_module._NAMES, f"md_lj_forces<{real}>")
         for name in ("md_langevin", "md_second_half"):
             raw_kernel(integrate._CUDA_SOURCE, integrate._NAMES, f"{name}<{real}>")
 
     def _record_build(self, copy_owned: bool, copy_ghosts: bool, count_build: bool) -> None:
         """[flag] bin owned + ghost rows -> sort cells -> neighbour list (from the reference positions)."""
-        from . import resident
-
         dtype, real = self.positions.dtype, self.real
         rows, ghosts = self.row_capacity, self.ghost_capacity
         per_length = tuple(real(1.0 / v) for v in self.cell_size)
@@ -297,8 +294,6 @@ class SlabResidentSteps(SlabCapacities, SlabExchange, ChunkedGraphSteps):
         return box, inverse
 
     def _forces(self, forces, energy: bool) -> None:
-        from . import forces as forces_module
-
         dtype = self.positions.dtype
         table = self._state.pair_table
         box, inverse = self._periodic_box()
@@ -314,8 +309,6 @@ class SlabResidentSteps(SlabCapacities, SlabExchange, ChunkedGraphSteps):
         each part (benchmarks/md_slab_profile.py records CUDA events there; never inside a capture)."""
         import cupy
         from cupy.cuda import nccl
-
-        from . import integrate, resident, watch
 
         mark = mark or (lambda name: None)
         config = self.config

@@ -37,6 +37,7 @@ import contextlib
 import ctypes
 import functools
 
+from hpcgpu.arch import on_stream
 from hpcgpu.runtime.capture import capture_graph
 
 #: CUDA source that declares the device call; put it before kernels that set a condition.
@@ -159,8 +160,6 @@ class GraphConditions:
         Not nested (a body holding a further IF node is not supported here)."""
         import cupy
 
-        from hpcgpu.arch import on_stream
-
         if self._inside:
             raise RuntimeError("conditional graph nodes: IF nodes do not nest here")
         graph, dependencies, count = self._capture_info()
@@ -265,8 +264,6 @@ def works(device_id: int = -1) -> bool:
     try:
         import cupy
         import numpy as np
-
-        from hpcgpu.arch import on_stream
 
         word, counter = cupy.zeros(1, dtype=cupy.int32), cupy.zeros(1, dtype=cupy.int32)
         add = cupy.ElementwiseKernel("", "int32 c", "c += 1", "hpcgpu_conditional_probe_add")

@@ -26,6 +26,9 @@ collectives all read it there. Building blocks shared by every app: NCCL grouped
 from __future__ import annotations
 
 from hpcgpu.errors import BackendError
+from hpcgpu.transport.mpi_device import CudaAwareMpiTransport, StagedMpiTransport, mpi_is_cuda_aware
+from hpcgpu.transport.mpi_host import MpiHostTransport
+from hpcgpu.transport.nccl import NcclTransport, nccl_communicator
 from hpcgpu.transport.selection import (
     TRANSPORTS,
     JobTransport,
@@ -49,18 +52,12 @@ def make_transport(name: str, comm, arch):
     if not arch.is_gpu:
         if name != "mpi":
             raise BackendError(f"transport {name!r} moves GPU arrays, but the architecture is the CPU; use 'mpi'")
-        from hpcgpu.transport.mpi_host import MpiHostTransport
-
         return MpiHostTransport(comm)
     if name == "mpi":
         raise BackendError("transport 'mpi' moves host arrays; on a GPU use 'nccl', 'mpi-cuda' or 'mpi-staged'")
     if name == "nccl":
-        from hpcgpu.transport.nccl import NcclTransport, nccl_communicator
-
         return NcclTransport(nccl_communicator(comm))
     if name == "mpi-cuda":
-        from hpcgpu.transport.mpi_device import CudaAwareMpiTransport, mpi_is_cuda_aware
-
         if not mpi_is_cuda_aware():
             raise BackendError(
                 "transport 'mpi-cuda' needs an MPI library built with CUDA support, but this one does not "
@@ -68,8 +65,6 @@ def make_transport(name: str, comm, arch):
                 "HPCGPU_CUDA_AWARE_MPI=1 if you know better."
             )
         return CudaAwareMpiTransport(comm)
-    from hpcgpu.transport.mpi_device import StagedMpiTransport
-
     return StagedMpiTransport(comm)
 
 

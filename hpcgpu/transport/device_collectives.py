@@ -7,6 +7,7 @@ CUDA-aware collective path).
 
 from __future__ import annotations
 
+from hpcgpu.transport.nccl import NcclCollectives
 from hpcgpu.transport.selection import select_transport_for
 
 
@@ -35,8 +36,6 @@ def make_device_collectives(comm):
     """Build the collectives of the job's GPU transport (collective: may select it, and create NCCL's
     communicator)."""
     if select_transport_for(comm, is_gpu=True) == "nccl":
-        from hpcgpu.transport.nccl import NcclCollectives
-
         return NcclCollectives(comm)
     return StagedCollectives(comm)
 

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 from hpcgpu.errors import BackendError, ConfigurationError, HpcgpuError
 from hpcgpu.runtime.abort import replicated
+from hpcgpu.transport.mpi_device import mpi_is_cuda_aware
+from hpcgpu.transport.nccl import nccl_available
 
 #: Every transport name, in the order of the automatic choice on GPUs after ``mpi``.
 TRANSPORTS = ("mpi", "nccl", "mpi-cuda", "mpi-staged")
@@ -122,9 +124,6 @@ def automatic_transport(is_gpu: bool) -> str:
     ``mpi-cuda`` if the MPI library is CUDA-aware, else ``mpi-staged``."""
     if not is_gpu:
         return "mpi"
-    from hpcgpu.transport.mpi_device import mpi_is_cuda_aware
-    from hpcgpu.transport.nccl import nccl_available
-
     if nccl_available():
         return "nccl"
     return "mpi-cuda" if mpi_is_cuda_aware() else "mpi-staged"

@@ -47,12 +47,12 @@ def test_names_are_checked_against_the_architecture(monkeypatch):
 
 
 def test_automatic_choice_on_gpus_is_nccl_then_cuda_aware_mpi_then_staged(monkeypatch):
-    from hpcgpu.transport import mpi_device, nccl
+    from hpcgpu.transport import mpi_device
 
     assert selection.automatic_transport(is_gpu=False) == "mpi"
-    monkeypatch.setattr(nccl, "nccl_available", lambda: True)
+    monkeypatch.setattr(selection, "nccl_available", lambda: True)
     assert selection.automatic_transport(is_gpu=True) == "nccl"
-    monkeypatch.setattr(nccl, "nccl_available", lambda: False)
+    monkeypatch.setattr(selection, "nccl_available", lambda: False)
     monkeypatch.setenv("HPCGPU_CUDA_AWARE_MPI", "1")
     assert mpi_device.mpi_is_cuda_aware()
     assert selection.automatic_transport(is_gpu=True) == "mpi-cuda"
