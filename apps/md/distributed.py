@@ -51,13 +51,14 @@ from ._arrays import array_module, to_numpy
 from .cells import bin_atoms, make_cell_grid
 from .forces import compute_forces, compute_forces_per_atom
 from .ghosts import wrap_positions
-from .integrate import (langevin_forces, nose_hoover_half_step, velocity_verlet_first_half,
+from .integrate import (NoseHooverState, langevin_forces, nose_hoover_half_step, velocity_verlet_first_half,
                         velocity_verlet_second_half)
 from .neighbors import needs_rebuild, rebuild_neighbor_list
 from .potential import tail_corrections
 from .reduction import global_sums
 from .serial import MDConfig, MDState, thermostat_energy_per_atom
 from .resident import ResidentSteps, resident_applies
+from .resident_slab import SlabResidentSteps
 from .step_graph import StepGraphs, graphs_apply
 from .thermo import Thermo, degrees_of_freedom, kinetic_energy, kinetic_energy_per_atom, thermo_sample
 from .watch import RebuildWatch, first_half_and_watch
@@ -282,8 +283,6 @@ def _attach_watch(state: DistributedState, config: MDConfig) -> None:
         if state.domain.comm.size == 1:
             state.resident = ResidentSteps(state, config)
         else:
-            from .resident_slab import SlabResidentSteps
-
             state.resident = SlabResidentSteps(state, config)
         return
     interval = check_interval(config, state.is_gpu)
@@ -362,8 +361,6 @@ def restore(domain: ParticleDomain, particles: dict, replicated: dict, config: M
     With the rank count of the writer the result is bitwise the interrupted state; with another one the
     atoms migrate to their new owners and the neighbour order differs (results agree to rounding).
     """
-    from .integrate import NoseHooverState
-
     dtype = pair_table_dtype
     n_local = particles["atom_ids"].shape[0]
     as_array = lambda name, kind=dtype: xp.asarray(particles[name], dtype=kind)  # noqa: E731
