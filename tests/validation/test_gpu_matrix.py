@@ -87,20 +87,23 @@ def test_swe_channel_large_is_reproducible_conserves_mass_and_graph_equals_eager
     first = run_app(run_dir, "stencil", swe(3600, 1800, 300))
     second = run_app(run_dir, "stencil", swe(3600, 1800, 300))
     graph = run_app(run_dir, "stencil", swe(3600, 1800, 300, "--graph"))
+    eager = run_app(run_dir, "stencil", swe(3600, 1800, 300, "--no-graph"))
     no_overlap = run_app(run_dir, "stencil", swe(3600, 1800, 300, "--no-overlap"))
-    same_checksum(first, second, graph, no_overlap)
+    same_checksum(first, second, graph, eager, no_overlap)
+    assert first["graph"] is True and eager["graph"] is False   # graphs are the default GPU path
     assert abs(first["diagnostics"]["mass_relative_change"]) <= 1e-13
     # A run that does not advance barely changes the height field (0.001 m instead of ~0.05 m).
-    assert graph["diagnostics"]["height_l2_change_m"] == first["diagnostics"]["height_l2_change_m"] > 0.01
+    assert graph["diagnostics"]["height_l2_change_m"] == eager["diagnostics"]["height_l2_change_m"] > 0.01
 
 
 @pytest.mark.parametrize("nx, ny, precision", [(512, 256, "fp64"), (1001, 517, "fp32"), (4096, 2048, "fp32")])
 def test_swe_channel_graph_equals_eager(run_dir, nx, ny, precision):
-    eager = run_app(run_dir, "stencil", swe(nx, ny, 200, precision=precision))
+    default = run_app(run_dir, "stencil", swe(nx, ny, 200, precision=precision))
     again = run_app(run_dir, "stencil", swe(nx, ny, 200, precision=precision))
     graph = run_app(run_dir, "stencil", swe(nx, ny, 200, "--graph", precision=precision))
-    same_checksum(eager, again, graph)
-    assert graph["graph"] is True
+    eager = run_app(run_dir, "stencil", swe(nx, ny, 200, "--no-graph", precision=precision))
+    same_checksum(default, again, graph, eager)
+    assert default["graph"] is True and graph["graph"] is True and eager["graph"] is False
 
 
 def test_swe_channel_gpu_equals_cpu_bitwise_at_an_odd_size(run_dir):
@@ -138,7 +141,7 @@ def jacobi(nx, ny, steps, *extra, backend="cupy"):
 
 def test_jacobi_8192_every_schedule_reproducible(run_dir):
     runs = [run_app(run_dir, "stencil", jacobi(8192, 8192, 200, *extra))
-            for extra in ((), (), ("--graph",), ("--no-overlap",), ("--norm-every", "1"))]
+            for extra in ((), (), ("--graph",), ("--no-graph",), ("--no-overlap",), ("--norm-every", "1"))]
     same_checksum(*runs)
 
 
@@ -158,7 +161,9 @@ def test_heat3d_512_cubed_reproducible_graph_equals_eager(run_dir):
     first = run_app(run_dir, "stencil", heat3d((512, 512, 512), 40))
     second = run_app(run_dir, "stencil", heat3d((512, 512, 512), 40))
     graph = run_app(run_dir, "stencil", heat3d((512, 512, 512), 40, "--graph"))
-    same_checksum(first, second, graph)
+    eager = run_app(run_dir, "stencil", heat3d((512, 512, 512), 40, "--no-graph"))
+    same_checksum(first, second, graph, eager)
+    assert eager["graph"] is False
 
 
 def test_heat3d_gpu_matches_cpu_at_an_odd_size(run_dir):
@@ -239,7 +244,8 @@ def test_swe_two_gpus_equal_one(run_dir, dims):
     one = run_app(run_dir, "stencil", swe(3600, 1800, 300))
     two = run_app(run_dir, "stencil", swe(3600, 1800, 300, "--dims", dims), ranks=2)
     graph = run_app(run_dir, "stencil", swe(3600, 1800, 300, "--dims", dims, "--graph"), ranks=2)
-    same_checksum(one, two, graph)
+    eager = run_app(run_dir, "stencil", swe(3600, 1800, 300, "--dims", dims, "--no-graph"), ranks=2)
+    same_checksum(one, two, graph, eager)
 
 
 @pytest.mark.gpus(2)
