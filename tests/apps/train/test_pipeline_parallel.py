@@ -153,10 +153,11 @@ def test_two_stage_pipeline_matches_one_process(comm):
 
 @pytest.mark.mpi(ranks=[4], timeout=240)
 def test_hybrid_grids_on_four_ranks_match_one_process(comm):
-    """2 x 2 x 1 (data x tensor) and 1 x 2 x 2 (tensor x pipeline, M = 3, 1F1B) on 4 ranks:
+    """2 x 2 x 1 (data x tensor), 1 x 2 x 2 (tensor x pipeline, M = 3, 1F1B) and 2 x 1 x 2 (data x
+    pipeline, M = 2: the data-parallel buckets start in each stage's last backward) on 4 ranks:
     50 steps equal 1 x 1 x 1 to 1e-10 relative; evaluation to 1e-12."""
     reference, reference_params, reference_runner = one_process_curve(comm)
-    for sizes, micro_batches in (((2, 2, 1), 1), ((1, 2, 2), 3)):
+    for sizes, micro_batches in (((2, 2, 1), 1), ((1, 2, 2), 3), ((2, 1, 2), 2)):
         grid = make_grid(comm, *sizes)
         losses, params, runner = grid_curve(grid, micro_batches=micro_batches)
         assert relative(losses, reference) <= LOSS_TOLERANCE, (sizes, losses[-3:], reference[-3:])
