@@ -98,7 +98,8 @@ class Simulation:
     nan_check : Trigger or None
         When the driver checks the state for NaN/Inf (None: never; the final state is always checked).
     graph : bool or None
-        CUDA graph replay (see :func:`use_graphs`).
+        CUDA graph replay: True on, False (default) eager, None where the model can be captured (see
+        :func:`use_graphs`).
     fingerprint : dict, optional
         The options that define the run, for the checkpoints' identity (default: all of ``options``
         except the restart-independent ones).
@@ -153,6 +154,7 @@ class Simulation:
         """
         comm, arch, model, options = self.comm, self.arch, self.model, self.options
         model.set_final_step(self.final_step)
+        monitor = None
         try:
             monitor = GpuMonitor.from_options(comm, arch, options)  # --monitor: NVML sampling thread
             self._print(f"{self.app} {hpcgpu.__version__}: {model.describe()}")
@@ -169,6 +171,8 @@ class Simulation:
             self.progress = Progress(comm, self.final_step, enabled=not options.quiet, first=self.first_step)
             wall = self._timed_loop(graphs)
         except BaseException:   # an error, or SystemExit(75) after a stop request's checkpoint
+            if monitor is not None:
+                monitor.stop()
             model.close()
             raise
         finally:
