@@ -27,11 +27,19 @@ from .data import data_file_problem
 from .distributed import check_allreduce, make_sync
 from .loader import open_training_data
 from .models import large_mlp, mnist1d_cnn, mnist1d_mlp
+from .parallel_grid import make_grid
+from .parallel_model import ParallelTrainingModel
+from .parallel_training import ParallelTrainer
 from .simulation_model import Evaluation, TrainingModel
 from .simulation_model import launch_bound_note  # noqa: F401 - re-exported (tests import it from here)
+from .tensor_parallel import MLPSpec
 from .trainer import TrainConfig, Trainer, init_train_state
 
-MODELS = ("mlp", "cnn", "large-mlp")
+MODELS = ("mlp", "cnn", "large-mlp", "residual-mlp")
+
+#: The options of the split model (issue 27); left out of the checkpoint fingerprint of the other
+#: models, whose checkpoints must stay restartable.
+SPLIT_OPTIONS = ("tensor_parallel", "pipeline_parallel", "micro_batches", "pipeline_schedule", "hidden")
 
 #: Per-model defaults. mlp / cnn: the MNIST-1D reference models and batch, with AdamW, weight decay and
 #: warm-up + cosine tuned so that every seed tried reaches the published accuracy (docs/train.md).
@@ -42,6 +50,8 @@ RECIPES = {
             "warmup": 100, "schedule": "cosine"},
     "large-mlp": {"steps": 200, "batch_size": 256, "lr": 1e-3, "optimizer": "adamw",
                   "weight_decay": 0.01, "warmup": 20, "schedule": "cosine"},
+    "residual-mlp": {"steps": 200, "batch_size": 256, "lr": 1e-3, "optimizer": "adamw",
+                     "weight_decay": 0.01, "warmup": 20, "schedule": "cosine"},
 }
 
 DESCRIPTION = """\
@@ -55,6 +65,9 @@ models (data: MNIST-1D, generated offline, or --data FILE.h5):
   mlp        the MNIST-1D MLP baseline (15k parameters; ~71% test accuracy, published 68%) [default]
   cnn        the MNIST-1D CNN baseline (5k parameters; ~95% test accuracy, published 94%)
   large-mlp  a deep MLP (--depth blocks of --width), for scaling and benchmarks
+  residual-mlp  --depth residual blocks h + Linear(GELU(Linear(LayerNorm(h)))) of --width and
+             --hidden: the model that --tensor-parallel T and --pipeline-parallel P split
+             (ranks = D x T x P; D, the data-parallel size, is the rest)
 """
 
 
@@ -62,9 +75,11 @@ def build_parser(rank: int = 0):
     parser = common_parser("apps.train", DESCRIPTION, rank=rank)
     model = parser.add_argument_group("model")
     model.add_argument("--model", choices=MODELS, default="mlp", help="which model to train [mlp]")
-    model.add_argument("--depth", type=non_negative_int, default=4, help="large-mlp: hidden blocks [4]")
-    model.add_argument("--width", type=positive_int, default=1024, help="large-mlp: hidden width [1024]")
-    model.add_argument("--dropout", type=float, default=0.0, help="large-mlp: dropout probability [0]")
+    model.add_argument("--depth", type=non_negative_int, default=4, help="large-mlp, residual-mlp: hidden blocks [4]")
+    model.add_argument("--width", type=positive_int, default=1024, help="large-mlp, residual-mlp: hidden width [1024]")
+    model.add_argument("--hidden", type=positive_int, default=None,
+                       help="residual-mlp: inner width of each block's MLP [4 x --width]")
+    model.add_argument("--dropout", type=float, default=0.0, help="large-mlp, residual-mlp: dropout probability [0]")
     model.add_argument("--recompute", action="store_true",
                        help="activation recomputation: keep block inputs only, recompute in backward")
     model.add_argument("--data", metavar="FILE.h5", default=None,
@@ -105,6 +120,17 @@ def build_parser(rank: int = 0):
                           "the halves of each bucket between CUDA-IPC-mapped buffers and one small add kernel "
                           "sums them, so no NCCL kernels take SMs from the backward GEMMs; bitwise NCCL's "
                           "result. peer needs GPUs, exactly 2 ranks on one node and --zero 0 [nccl]")
+    par.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="T",
+                     help="split each residual-mlp block's two Linears over T ranks (Megatron; one allreduce "
+                          "per block and direction: keep T inside a node) [1]")
+    par.add_argument("--pipeline-parallel", type=positive_int, default=1, metavar="P",
+                     help="cut the residual-mlp layers into P stages on P ranks (point to point between "
+                          "stages) [1]")
+    par.add_argument("--micro-batches", type=positive_int, default=None, metavar="M",
+                     help="residual-mlp: micro-batches per step; the pipeline bubble is (P-1)/(M+P-1) [P]")
+    par.add_argument("--pipeline-schedule", choices=("1f1b", "gpipe"), default="1f1b",
+                     help="order of the micro-batches' forwards and backwards on each stage; the same "
+                          "results, 1f1b holds at most P - stage micro-batches' activations [1f1b]")
     par.add_argument("--blas-threads", type=non_negative_int, default=0, metavar="N",
                      help="CPU: BLAS threads per rank (0: 1 for mlp/cnn, cores per rank otherwise) [0]")
     out = parser.add_argument_group("evaluation and output")
@@ -125,6 +151,10 @@ def recipe_defaults(options) -> dict:
     recipe = RECIPES[options.model]
     values = {key: recipe[key] for key in ("steps", "batch_size", "lr", "optimizer", "weight_decay", "warmup",
                                            "schedule") if getattr(options, key) is None}
+    if options.hidden is None:
+        values["hidden"] = 4 * options.width
+    if options.micro_batches is None:
+        values["micro_batches"] = options.pipeline_parallel
     steps = values.get("steps", options.steps)
     if options.eval_every is None:
         values["eval_every"] = max(1, steps // 10) if steps else 0
@@ -148,11 +178,12 @@ def resolve_options(options, comm) -> FrozenOptions:
         raise ConfigurationError(f"--bucket-mb must be positive, got {options.bucket_mb}")
     if not options.loss_scale >= 1:
         raise ConfigurationError(f"--loss-scale must be >= 1, got {options.loss_scale}")
+    check_split_model(options, comm.size)
     # the backend is not chosen yet: "auto" leaves the GPU check to make_sync
     check_allreduce(comm, options.allreduce, is_gpu={"cupy": True, "numpy": False}.get(options.backend),
                     zero_stage=options.zero)
     smallest_share = options.batch_size // comm.size
-    if smallest_share < options.accum_steps:
+    if not uses_split_model(options) and smallest_share < options.accum_steps:
         raise ConfigurationError(
             f"--batch-size {options.batch_size} over {comm.size} ranks gives {smallest_share} "
             f"sample(s) on some rank, fewer than --accum-steps {options.accum_steps}; every micro-step "
@@ -163,6 +194,78 @@ def resolve_options(options, comm) -> FrozenOptions:
         if problem is not None:
             raise ConfigurationError(problem)
     return options
+
+
+def uses_split_model(options) -> bool:
+    """True when the run goes through the D x T x P trainer (:mod:`apps.train.parallel_model`)."""
+    return options.model == "residual-mlp"
+
+
+def check_split_model(options, n_ranks: int) -> None:
+    """Refuse what the split model (``--tensor-parallel``, ``--pipeline-parallel``) cannot do yet.
+
+    Reads only replicated values (options and the rank count), so every rank raises the same
+    ConfigurationError before any collective.
+    """
+    tensor, pipeline = options.tensor_parallel, options.pipeline_parallel
+    split = tensor * pipeline > 1
+    if not uses_split_model(options):
+        if split:
+            raise ConfigurationError(
+                f"--tensor-parallel {tensor} --pipeline-parallel {pipeline}: only --model residual-mlp "
+                f"is split over ranks (blocks h + Linear(GELU(Linear(LayerNorm(h))))); --model "
+                f"{options.model} trains data-parallel only. Use --model residual-mlp, or drop the flags")
+        if options.micro_batches != 1:
+            raise ConfigurationError(
+                f"--micro-batches {options.micro_batches} applies to --model residual-mlp; for "
+                f"--model {options.model} use --accum-steps for gradient accumulation")
+        return
+    what = (f"--model residual-mlp (D x T x P = {max(1, n_ranks // (tensor * pipeline))} x {tensor} x "
+            f"{pipeline})")
+    if n_ranks % (tensor * pipeline):
+        raise ConfigurationError(
+            f"--tensor-parallel {tensor} x --pipeline-parallel {pipeline} = {tensor * pipeline} ranks per "
+            f"model replica does not divide the job's {n_ranks} ranks; the data-parallel size D = ranks / "
+            f"(T x P) must be a whole number: run on a multiple of {tensor * pipeline} ranks")
+    if options.zero:
+        raise ConfigurationError(
+            f"--zero 1 is not supported with {what} yet: the optimiser state is already split over the "
+            "T x P ranks of a model replica, and sharding it over the data replicas too is not written. "
+            "Use --zero 0")
+    if options.accum_steps != 1:
+        raise ConfigurationError(
+            f"--accum-steps {options.accum_steps} is not supported with {what}: use --micro-batches "
+            f"{options.accum_steps * max(1, options.micro_batches)} (micro-batches are the pipeline's "
+            "gradient accumulation)")
+    if options.allreduce != "nccl":
+        raise ConfigurationError(
+            f"--allreduce {options.allreduce} is not supported with {what}: the copy-engine allreduce "
+            "sums the gradients of exactly 2 ranks holding the whole model. Use --allreduce nccl")
+    if options.recompute:
+        raise ConfigurationError(
+            f"--recompute is not supported with {what} yet (the pipeline's stash of recomputed "
+            "blocks is untested). Run without --recompute")
+    if options.checkpoint_every or options.restart is not None or options.wall_time_limit is not None:
+        flag = ("--checkpoint-every" if options.checkpoint_every else
+                "--restart" if options.restart is not None else "--wall-time-limit")
+        raise ConfigurationError(
+            f"{flag} is not supported with {what} yet: a checkpoint must hold the optimiser state, and "
+            "the split model cannot gather its shards' AdamW moments into one (only the parameters, "
+            "for the checksum). Run without checkpoints")
+    if options.hidden % tensor:
+        raise ConfigurationError(
+            f"--hidden {options.hidden} cannot be split over --tensor-parallel {tensor} ranks; choose "
+            f"--hidden (default 4 x --width) as a multiple of {tensor}")
+    if pipeline > options.depth + 3:
+        raise ConfigurationError(
+            f"--pipeline-parallel {pipeline} needs at least {pipeline} layers to cut into stages; "
+            f"residual-mlp has --depth + 3 = {options.depth + 3}: raise --depth or lower P")
+    data_size = n_ranks // (tensor * pipeline)
+    if options.batch_size // data_size < options.micro_batches:
+        raise ConfigurationError(
+            f"--batch-size {options.batch_size} over {data_size} data replica(s) gives "
+            f"{options.batch_size // data_size} sample(s) on some replica, fewer than --micro-batches "
+            f"{options.micro_batches}; use --batch-size >= {data_size * options.micro_batches}")
 
 
 def load_data(options, comm):
@@ -211,6 +314,30 @@ def build_model(options, sample_shape, n_classes):
                      recompute=options.recompute)
 
 
+def mlp_spec(options, sample_shape, n_classes) -> MLPSpec:
+    """The :class:`~apps.train.tensor_parallel.MLPSpec` of ``--model residual-mlp``."""
+    if len(sample_shape) != 1:
+        raise ConfigurationError(f"the models expect samples of shape (features,), the data has "
+                                 f"{sample_shape}; flatten x to (n, features)")
+    return MLPSpec(n_inputs=int(sample_shape[0]), n_classes=int(n_classes), width=options.width,
+                   hidden=options.hidden, depth=options.depth, dropout=options.dropout)
+
+
+def build_split_model(options, comm, arch, data) -> ParallelTrainingModel:
+    """Collective: the D x T x P grid, the :class:`ParallelTrainer` and its driver model."""
+    if arch.is_gpu and options.pipeline_parallel > 1:
+        # arch.auto chose the backend on every rank together: the same answer everywhere
+        raise ConfigurationError(
+            "--pipeline-parallel > 1 runs on the CPU only for now: the stages' point-to-point sender "
+            "takes NumPy buffers (a NCCL sender is not written yet). Use --backend numpy or "
+            "--pipeline-parallel 1")
+    spec = mlp_spec(options, data.source.sample_shape, data.n_classes)
+    grid = make_grid(comm, tensor_size=options.tensor_parallel, pipeline_size=options.pipeline_parallel)
+    runner = ParallelTrainer(grid, spec, train_config(options), arch, micro_batches=options.micro_batches,
+                             schedule=options.pipeline_schedule, bucket_mb=options.bucket_mb)
+    return ParallelTrainingModel(comm, arch, options, data, grid, runner)
+
+
 def train_config(options):
     """The :class:`~apps.train.trainer.TrainConfig` of the resolved options."""
     return TrainConfig(
@@ -234,11 +361,17 @@ def run(options, comm) -> dict:
         if config.batch_size > data.source.n_samples:
             raise ConfigurationError(f"--batch-size {config.batch_size} exceeds the {data.source.n_samples} "
                                      "training samples; use a smaller global batch")
-        network = build_model(config, data.source.sample_shape, data.n_classes)
-        trainer = Trainer(network, train_config(config))
-        sync = make_sync(comm, arch, config.zero, config.bucket_mb, config.nccl_channels, config.allreduce)
-        state = init_train_state(trainer, arch.xp, sync)
-        model = TrainingModel(comm, arch, config, data, trainer, sync, state)
+        if uses_split_model(config):
+            model = build_split_model(config, comm, arch, data)
+            fingerprint = fingerprinted_options(config.as_dict())
+        else:
+            network = build_model(config, data.source.sample_shape, data.n_classes)
+            trainer = Trainer(network, train_config(config))
+            sync = make_sync(comm, arch, config.zero, config.bucket_mb, config.nccl_channels, config.allreduce)
+            state = init_train_state(trainer, arch.xp, sync)
+            model = TrainingModel(comm, arch, config, data, trainer, sync, state)
+            fingerprint = fingerprinted_options({key: value for key, value in config.as_dict().items()
+                                                 if key not in SPLIT_OPTIONS})
         operations = []
         if data.test is not None:   # evaluations every --eval-every steps; the last one is in the diagnostics
             operations.append(Evaluation(model, Periodic(config.eval_every) & ~AtEnd()))
@@ -246,7 +379,7 @@ def run(options, comm) -> dict:
             comm, arch, model, config, app="apps.train", output=output, final_step=config.steps,
             operations=operations, nan_check=None if config.precision == "fp16" else Always(),
             progress_note_fn=rate_note(config.batch_size), plot=not config.no_plot,
-            fingerprint=fingerprinted_options(config.as_dict()))
+            fingerprint=fingerprint)
         return simulation.run()
 
 
