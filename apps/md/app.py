@@ -19,14 +19,13 @@ import time
 
 import numpy as np
 
-import hpcgpu
 from hpcgpu.app.cli import common_parser, non_negative_int, positive_int
 from hpcgpu.app.environment import prepare_output
 from hpcgpu.app.main import run_app
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.monitor import add_monitor_arguments
 from hpcgpu.particles import ParticleDomain
-from hpcgpu.simulation import Simulation
+from hpcgpu.simulation import Simulation, setup_architecture
 
 from . import distributed, system
 from .potential import lennard_jones
@@ -190,7 +189,7 @@ def run(options, comm) -> dict:
     """Run the configured simulation; returns the summary record (on every rank)."""
     config = make_config(options)
     steps = options.steps if options.steps is not None else 100
-    arch = hpcgpu.arch.auto(comm, backend=options.backend, bind_cpus=options.bind_cpus)
+    arch = setup_architecture(comm, options)   # arch.auto, then the job's transport (--transport)
     # Checks every output path (--write-data too) before the run, so its results are never lost at the end.
     output = prepare_output(comm, arch, options, files={"--write-data": options.write_data})
     setup_started = time.perf_counter()

@@ -8,7 +8,6 @@ interior), its output the model's ``after_step`` and ``finish`` (snapshots, plot
 
 from __future__ import annotations
 
-import hpcgpu
 from hpcgpu.app.checkpointing import fingerprinted_options
 from hpcgpu.app.cli import (FrozenOptions, common_parser, finite_float, float_in, non_negative_float,
                             non_negative_int, positive_float, positive_int)
@@ -16,7 +15,7 @@ from hpcgpu.app.environment import prepare_output
 from hpcgpu.app.main import run_app
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.monitor import add_monitor_arguments
-from hpcgpu.simulation import Periodic, Simulation, nccl_channel_limit
+from hpcgpu.simulation import Periodic, Simulation, nccl_channel_limit, setup_architecture
 
 MODELS = ("swe", "jacobi", "heat3d")
 
@@ -159,7 +158,7 @@ def run(options, comm) -> dict:
     """Run the configured model; returns the summary record (on every rank)."""
     config = resolve_options(options)
     with nccl_channel_limit(config.nccl_channels):   # read by NCCL when the first exchange creates its communicator
-        arch = hpcgpu.arch.auto(comm, backend=config.backend, bind_cpus=config.bind_cpus)
+        arch = setup_architecture(comm, config)   # arch.auto, then the job's transport (--transport)
         model = make_model(comm, arch, config)
         output = prepare_output(comm, arch, config)   # checks every output path; OUTPUT/environment.json
         simulation = Simulation(

@@ -3,10 +3,12 @@ checkpoint holds, how a model continues from one, the checksum, NaN check and su
 
 from __future__ import annotations
 
+import numpy as np
+
 from hpcgpu.app.checksum import fields_checksum
+from hpcgpu.decomposition_nodes import header_line
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.simulation import Model
-from hpcgpu.transport import auto_transport_name
 
 
 #: Units and grid location of the shallow-water fields (channel and lat-lon), stored with each
@@ -60,8 +62,16 @@ class StencilModel(Model):
         self.after_restore()
 
     # ------------------------------------------------------------------ the rest of the simulation interface
+    #: Halo exchanges of :attr:`fields` per time step (3 for the SSP-RK3 shallow-water step).
+    halo_exchanges_per_step = 1
+
     def header_lines(self, comm, arch) -> list[str]:
-        return [f"backend: {arch.name} ({arch.reason})", f"ranks: {comm.size} on {comm.n_nodes} node(s); {self.grid}"]
+        lines = [f"backend: {arch.name} ({arch.reason})", f"ranks: {comm.size} on {comm.n_nodes} node(s); {self.grid}"]
+        # On several (real or HPCGPU_SIMULATE_NODES) nodes: halo bytes that cross nodes, chosen vs naive layout.
+        traffic = header_line(self.grid, halo_width=self.fields[0].halo_width,
+                              itemsize=sum(np.dtype(f.dtype).itemsize for f in self.fields),
+                              exchanges_per_step=self.halo_exchanges_per_step)
+        return lines + ([f"nodes: {traffic}"] if traffic else [])
 
     def decomposition(self) -> dict:
         return {"dims": list(self.grid.dims), "global_shape": list(self.grid.global_shape),
@@ -80,7 +90,7 @@ class StencilModel(Model):
 
     def summary_extra(self, simulation) -> dict:
         return {"model": self.name, "precision": self.dtype, "updates_per_step": self.updates_per_step,
-                "graph": simulation.graph_used, "transport": auto_transport_name(self.arch)}
+                "graph": simulation.graph_used}
 
     def throughput_line(self, steps: int, wall: float, throughput: float, n_ranks: int) -> str:
         return (f"{steps} steps in {wall:.3f} s: {throughput / 1e9:.3f} G{self.unit} "

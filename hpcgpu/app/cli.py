@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from hpcgpu.errors import ConfigurationError
+from hpcgpu.transport.selection import TRANSPORTS
 
 EPILOG_COMMON = """\
 examples:
@@ -133,6 +134,10 @@ def common_parser(prog: str, description: str, rank: int = 0, default_steps: int
     run.add_argument("--seed", type=int, default=0, metavar="N", help="random seed [0]")
     run.add_argument("--quiet", action="store_true", help="no header, progress or table (errors still print)")
     run.add_argument("--bind-cpus", action="store_true", help="bind each rank to the CPUs near its GPU (NVML)")
+    run.add_argument("--transport", choices=("auto",) + TRANSPORTS, default="auto",
+                     help="how data moves between ranks for the whole job (halos, particles, collectives): mpi "
+                          "(CPU), nccl, mpi-cuda or mpi-staged (GPU); auto: $HPCGPU_TRANSPORT if set, else the first "
+                          "usable [auto]")
     out = parser.add_argument_group("output")
     out.add_argument("--output", metavar="DIR", default="output", help="directory for results [output]")
     out.add_argument("--summary", metavar="FILE.json", help="write the run summary as JSON")

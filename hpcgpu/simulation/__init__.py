@@ -8,10 +8,10 @@
 See ``docs/architecture.md`` for the loop order and an example app.
 """
 
-from hpcgpu.simulation.driver import Simulation, nccl_channel_limit, use_graphs
+from hpcgpu.simulation.driver import Simulation, nccl_channel_limit, setup_architecture, use_graphs
 from hpcgpu.simulation.model import Model
 from hpcgpu.simulation.operations import Operation, check_finite
 from hpcgpu.simulation.triggers import AtEnd, Periodic, Trigger
 
 __all__ = ["AtEnd", "Model", "Operation", "Periodic", "Simulation", "Trigger", "check_finite",
-           "nccl_channel_limit", "use_graphs"]
+           "nccl_channel_limit", "setup_architecture", "use_graphs"]

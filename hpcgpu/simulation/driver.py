@@ -27,6 +27,7 @@ from hpcgpu.app.timers import PhaseTimers, format_timers
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.monitor import GpuMonitor
 from hpcgpu.simulation.operations import Checkpoint, ModelOutput, NanCheck, ProgressReport, check_finite
+from hpcgpu.transport.selection import select_transport, transport_choice
 
 #: Steps per CUDA graph: two, so that ping-pong buffers are back in place after each replay.
 GRAPH_STEPS = 2
@@ -48,6 +49,25 @@ def nccl_channel_limit(n_channels: int):
         yield
     finally:
         os.environ.pop("NCCL_MAX_NCHANNELS", None)
+
+
+def setup_architecture(comm, options):
+    """Collective: the job's architecture and transport, chosen once, before any data moves.
+
+    ``hpcgpu.arch.auto`` with ``--backend`` and ``--bind-cpus``, then
+    :func:`hpcgpu.transport.selection.select_transport` with ``--transport`` (``auto``: the
+    ``HPCGPU_TRANSPORT`` environment variable, else the first usable). Every app calls this instead of
+    ``arch.auto``, so halos, particle ghosts and device collectives all use the one transport the header
+    and the summary name.
+
+    Returns
+    -------
+    hpcgpu.arch.CPU or hpcgpu.arch.GPU
+    """
+    arch = hpcgpu.arch.auto(comm, backend=options.backend, bind_cpus=options.bind_cpus)
+    requested = getattr(options, "transport", "auto")
+    select_transport(comm, arch, None if requested in (None, "auto") else requested)
+    return arch
 
 
 def use_graphs(graph: bool | None, arch, model) -> bool:
@@ -160,6 +180,7 @@ class Simulation:
             self._print(f"{self.app} {hpcgpu.__version__}: {model.describe()}")
             for line in model.header_lines(comm, arch):
                 self._print(line)
+            self._print(f"transport: {transport_choice(comm, arch).describe()}")
             if self.graph_requested and not arch.is_gpu:
                 self._print("note: --graph has no effect on the CPU")
             graphs = use_graphs(self.graph_requested, arch, model)
@@ -234,7 +255,9 @@ class Simulation:
             app=self.app, backend=arch.name, comm=comm, decomposition=model.decomposition(),
             steps=done, wall_seconds=wall, throughput=throughput, unit=model.unit, timers=timer_summary,
             diagnostics=diagnostics, checksum=checksum,
-            extra={"first_step": self.first_step, "final_step": model.step_index, **model.summary_extra(self),
+            extra={"first_step": self.first_step, "final_step": model.step_index,
+                   "transport": transport_choice(comm, arch).name,
+                   "transport_source": transport_choice(comm, arch).source, **model.summary_extra(self),
                    **plausibility, **monitor_extra},
         )
         model.finish(self.output, summary, plot=self.plot)

@@ -220,6 +220,18 @@ def select_transport_for(comm, is_gpu: bool, requested: str | None = None) -> st
     return name
 
 
+def transport_choice(comm, arch) -> TransportChoice:
+    """The stored choice for ``arch`` (name and source) for headers and summaries; never collective.
+
+    Before :func:`select_transport` has run: what it would choose on this rank (unvalidated source
+    ``"automatic"`` or ``"environment"``)."""
+    stored = comm.job_transport.choices.get(_architecture_name(bool(arch.is_gpu)))
+    if stored is not None:
+        return stored
+    name, source = requested_transport(None)
+    return TransportChoice(name if name is not None else automatic_transport(bool(arch.is_gpu)), source)
+
+
 def transport_name(comm, arch) -> str:
     """The transport of this job for ``arch`` (for headers and summaries); never collective.
 

@@ -206,3 +206,19 @@ def test_app_checksum_is_unchanged_on_simulated_nodes(n_ranks, args, tmp_path):
     assert run_app(n_ranks, args, "2:cyclic", tmp_path) == plain
     if n_ranks == 2:
         assert run_app(n_ranks, args, "2", tmp_path) == plain
+
+
+def test_the_stencil_header_names_the_inter_node_halo_traffic(tmp_path):
+    """On several (here simulated) nodes the header says how many halo bytes cross nodes; on one, nothing."""
+    from hpcgpu.launch import run_mpi
+
+    command = [sys.executable, "-m", "apps.stencil", "--model", "swe", "--nx", "48", "--ny", "32", "--steps", "2",
+               "--dims", "4,1", "--no-plot", "--snapshot-every", "0"]
+    env = dict(os.environ, NUMBA_NUM_THREADS="1", HPCGPU_SIMULATE_NODES="2:cyclic")
+    simulated = run_mpi(4, command + ["--output", str(tmp_path / "simulated")], timeout=240, env=env)
+    assert simulated.returncode == 0, simulated.output[-3000:]
+    lines = [line for line in simulated.output.splitlines() if line.startswith("nodes: ")]
+    assert len(lines) == 1 and "inter-node halo" in lines[0] and "2 nodes x 2 ranks" in lines[0], simulated.output
+    env.pop("HPCGPU_SIMULATE_NODES")
+    one_node = run_mpi(4, command + ["--output", str(tmp_path / "one-node")], timeout=240, env=env)
+    assert one_node.returncode == 0 and "nodes: " not in one_node.output, one_node.output[-3000:]

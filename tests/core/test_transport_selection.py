@@ -149,3 +149,27 @@ def test_a_job_with_an_invalid_transport_prints_one_message_and_exits_2(tmp_path
     result = run_mpi(2, [sys.executable, str(script)], timeout=90, env={"HPCGPU_TRANSPORT": "infiniband"})
     assert result.returncode == 2, result.output
     assert result.output.count("unknown transport 'infiniband' (HPCGPU_TRANSPORT)") == 1, result.output
+
+
+@pytest.mark.parametrize("app, args", [("stencil", ["--steps", "4", "--no-plot"]), ("md", ["--steps", "4"])])
+def test_the_transport_flag_is_chosen_once_and_named_in_header_and_summary(tmp_path, app, args):
+    """``--transport`` reaches the job's one choice: the header and the summary name it and its source."""
+    summary = tmp_path / "summary.json"
+    command = [sys.executable, "-m", f"apps.{app}", *args, "--backend", "numpy", "--transport", "mpi",
+               "--output", str(tmp_path / "out"), "--summary", str(summary)]
+    result = run_mpi(2, command, timeout=180)
+    assert result.returncode == 0, result.output
+    assert result.output.count("transport: mpi (flag)") == 1, result.output
+    import json
+
+    recorded = json.loads(summary.read_text())
+    assert (recorded["transport"], recorded["transport_source"]) == ("mpi", "flag")
+
+
+def test_a_transport_flag_that_does_not_fit_the_cpu_is_one_message_and_exit_2(tmp_path):
+    command = [sys.executable, "-m", "apps.stencil", "--steps", "2", "--backend", "numpy", "--no-plot",
+               "--transport", "nccl", "--output", str(tmp_path / "out")]
+    result = run_mpi(2, command, timeout=120)
+    assert result.returncode == 2, result.output
+    assert result.output.count("transport 'nccl' (--transport) moves GPU arrays, but the architecture is the CPU") == 1, \
+        result.output

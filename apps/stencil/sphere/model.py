@@ -49,6 +49,8 @@ def _option(options, name):
 class LatLonModel(StencilModel):
     """Nonlinear shallow water on the sphere (Williamson test cases 2, 5, 6), lat-lon C-grid."""
 
+    halo_exchanges_per_step = 3   # one per SSP-RK3 stage
+
     name = "latlon"
     unit = "cell-updates/s"
     default_shape = {"nx": 128, "ny": 64}

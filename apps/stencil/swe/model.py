@@ -34,6 +34,8 @@ SECONDS_PER_DAY = 86400.0
 class SweModel(StencilModel):
     """Nonlinear shallow water on a beta-plane channel (periodic in x, free-slip walls in y)."""
 
+    halo_exchanges_per_step = 3   # one per SSP-RK3 stage
+
     name = "swe"
     unit = "cell-updates/s"
     default_shape = {"nx": 360, "ny": 180}
