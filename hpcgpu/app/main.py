@@ -13,7 +13,7 @@ import sys
 
 import hpcgpu
 from hpcgpu.app.cli import parse_args
-from hpcgpu.monitor import handle_profile_flag
+from hpcgpu.profiling import handle_profile_flag
 
 #: Environment variables in which launchers give a process its rank in MPI_COMM_WORLD, before MPI_Init:
 #: srun, Open MPI, MPICH/Intel MPI (hydra, PMI), Cray PALS, MVAPICH, Flux.

@@ -12,8 +12,8 @@ import pytest
 
 from hpcgpu import monitor
 from hpcgpu.errors import ConfigurationError
-from hpcgpu.monitor import (GpuMonitor, decode_throttle_reasons, format_monitor, handle_profile_flag,
-                            nsys_command, under_nsys)
+from hpcgpu.monitor import GpuMonitor, decode_throttle_reasons, format_monitor
+from hpcgpu.profiling import handle_profile_flag, nsys_command, under_nsys
 
 BUS_ID = "00000000:3B:00.0"
 GIB = 1024**3
