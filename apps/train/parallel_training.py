@@ -365,7 +365,7 @@ class ParallelTrainer:
         """Lines for a run header: the grid, this stage's layers and its parameter count."""
         start, stop = self.parallel_model.stage_ranges[self.grid.pipeline_rank]
         return [self.grid.describe(),
-                f"pipeline: {self.engine.n_stages} stages at layers "
+                f"pipeline: {self.engine.n_stages} stage(s) at layers "
                 f"{[r[0] for r in self.parallel_model.stage_ranges]}, {self.engine.n_micro} "
                 f"micro-batches, {self.engine.schedule}; this stage: layers {start}-{stop - 1}, "
                 f"{self.parallel_model.model.n_params} parameters"]
