@@ -5,7 +5,10 @@ This module is the app's configuration: the command line, each model's recipe of
 gradient synchroniser (DDP buckets or ZeRO-1). The run loop is :class:`hpcgpu.simulation.Simulation`'s;
 :mod:`apps.train.simulation_model` adapts training to it (a step: next batch shard, prefetched ->
 forward, backward with bucket allreduces, optimiser; evaluation every ``--eval-every`` steps; final
-evaluation, replica check and the checksum of the weights).
+evaluation, replica check and the checksum of the weights). ``--model residual-mlp`` trains on a
+D x T x P grid instead (``--tensor-parallel``, ``--pipeline-parallel``, ``--micro-batches``:
+:mod:`apps.train.parallel_training`), run by :class:`apps.train.parallel_model.ParallelTrainingModel`;
+:func:`check_split_model` refuses what that path cannot do yet (docs/parallelism.md).
 """
 
 from __future__ import annotations
