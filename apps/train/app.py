@@ -15,14 +15,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import hpcgpu
 from hpcgpu.app.checkpointing import fingerprinted_options
 from hpcgpu.app.cli import FrozenOptions, common_parser, non_negative_int, positive_int
 from hpcgpu.app.environment import prepare_output
 from hpcgpu.app.main import run_app
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.monitor import add_monitor_arguments
-from hpcgpu.simulation import AtEnd, Periodic, Simulation, nccl_channel_limit
+from hpcgpu.simulation import AtEnd, Periodic, Simulation, nccl_channel_limit, setup_architecture
 from hpcgpu.simulation.operations import rate_note
 from hpcgpu.simulation.triggers import Always
 
@@ -357,7 +356,7 @@ def run(options, comm) -> dict:
     config = resolve_options(options, comm)
     # NCCL_MAX_NCHANNELS for the gradient collectives: the communicator is created inside this block.
     with nccl_channel_limit(config.nccl_channels):
-        arch = hpcgpu.arch.auto(comm, backend=config.backend, bind_cpus=config.bind_cpus)
+        arch = setup_architecture(comm, config)   # arch.auto, then the job's transport (--transport)
         check_allreduce(comm, config.allreduce, is_gpu=arch.is_gpu, zero_stage=config.zero)   # --backend auto
         output = prepare_output(comm, arch, config)   # checks every output path first; OUTPUT/environment.json
         data = load_data(config, comm)
