@@ -25,7 +25,7 @@ def profile(cells: int, steps: int, dtype) -> None:
     from apps.md import distributed, lattice, potential, serial
     from apps.md.forces import compute_forces_periodic
     from apps.md.integrate import velocity_verlet_second_half
-    from apps.md.resident import _kernel
+    from apps.md.resident_kernels import _kernel
     from apps.md.watch import NOT_EXCEEDED, first_half_and_watch
     from hpcgpu.particles import ParticleDomain
 

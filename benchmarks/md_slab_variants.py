@@ -60,9 +60,9 @@ VARIANTS = ("full", "allreduce twice", "migrant NCCL twice", "ghost NCCL twice",
 
 def apply(steps, variant):
     """Undo every patch, then patch the driver for ``variant``."""
-    from apps.md import resident
+    from apps.md import chunked_graphs
 
-    resident.GRAPH_CONDITIONALS = variant != "no IF nodes"   # the [flag] kernels as plain graph nodes
+    chunked_graphs.GRAPH_CONDITIONALS = variant != "no IF nodes"   # the [flag] kernels as plain graph nodes
     for name in ("_record_migration", "_record_ghost_exchange", "_record_ghost_lists"):
         steps.__dict__.pop(name, None)
     if isinstance(steps.nccl, _AllreduceTimes):

@@ -16,8 +16,8 @@ can stay on the device, and the step becomes a fixed chain of kernels::
     second half   v += dt/2 f/m
 
 Kernels marked [flag] return at once unless the first half raised the flag (in the captured graphs they
-also sit in a CUDA graph IF node, :data:`GRAPH_CONDITIONALS`, skipped as a whole on steps without a
-rebuild), so every step launches the same kernels with the same arguments, and a *chunk* of steps
+also sit in a CUDA graph IF node, :data:`apps.md.chunked_graphs.GRAPH_CONDITIONALS`, skipped as a whole on
+steps without a rebuild), so every step launches the same kernels with the same arguments, and a *chunk* of steps
 (``check_interval``, 25 by default) is captured once and replayed as one CUDA graph: one host call and
 one device-to-host read per chunk. The read of a chunk's control words happens when the next chunk is
 launched (or at :meth:`ResidentSteps.settle`), so the host queues the next steps while the GPU runs;
@@ -44,230 +44,22 @@ instead of ghost coordinates) differ, so thermo agrees with it and with the CPU 
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
-from hpcgpu.arch import on_stream
 from hpcgpu.errors import ConfigurationError
-from hpcgpu.runtime.capture import capture_graph
 
 from ._arrays import THREADS_PER_BLOCK, blocks_for, raw_kernel
 from .cells import make_cell_grid
+from .chunked_graphs import DEFAULT_CHUNK, ChunkedGraphSteps, _phase, graph_conditionals_here, rebuild_skip
 from .forces import lanes_per_atom
 from .neighbors import GROWTH, NeighborList
+from .resident_kernels import _CUDA_SOURCE, _NAMES, _kernel
 from .slab_plan import slab_problems
 from .watch import NOT_EXCEEDED
 
-#: Steps per graph (and per host check) when ``MDConfig.check_interval`` is None.
-DEFAULT_CHUNK = 25
 #: Control words on the device: builds so far, largest neighbour count, largest cell count.
 _BUILDS, _NEIGHBORS_NEEDED, _CELL_NEEDED = range(3)
-#: Graphs kept (keys: chunk length, energy on the last step).
-MAX_GRAPHS = 6
-#: In a captured chunk the [flag] kernels sit in CUDA graph IF nodes, skipped on steps without a rebuild
-#: (:mod:`hpcgpu.runtime.graph_conditional`; each empty kernel costs a graph node launch), where the driver
-#: has them. False (or the environment's HPCGPU_GRAPH_CONDITIONALS=0): plain flagged kernels (the tests
-#: compare both: the same results bit for bit).
-GRAPH_CONDITIONALS = os.environ.get("HPCGPU_GRAPH_CONDITIONALS", "1") != "0"
-
-
-def rebuild_skip(stream, watch):
-    """What a chunk captured on ``stream`` wraps its [flag] kernels in: IF nodes that run only when the
-    rebuild flag ``watch[0]`` is raised, or plain launches (``stream`` None: outside a capture, or
-    conditionals off). See :class:`hpcgpu.runtime.graph_conditional.SkipUnless`."""
-    from hpcgpu.runtime.graph_conditional import SkipUnless
-
-    return SkipUnless(stream, watch, NOT_EXCEEDED)
-
-
-def graph_conditionals_here() -> bool:
-    """Whether captures put [flag] kernels into IF nodes: asked for and working on this GPU (call it before
-    a capture: the first call launches a small test graph)."""
-    import cupy
-
-    from hpcgpu.runtime import graph_conditional
-
-    return bool(GRAPH_CONDITIONALS) and graph_conditional.works(cupy.cuda.Device().id)
-
-_CUDA_SOURCE = r"""
-#define NOT_EXCEEDED 2147483647
-
-/* Start of a step: advance the step counter, clear the rebuild flag of the previous step (the watch's
-   first-exceeded word), zero the cell counts for this step's possible binning. */
-extern "C" __global__ void md_resident_begin(long long* counter, int* watch, int* cell_count, int n_cells) {
-    const int c = blockDim.x * blockIdx.x + threadIdx.x;
-    if (c == 0) {
-        counter[0] += 1;
-        watch[0] = NOT_EXCEEDED;
-        watch[1] = 0;
-    }
-    if (c < n_cells) cell_count[c] = 0;
-}
-
-/* [flag] Wrap into the box (wrap = 1: positions, images and reference updated; wrap = 0: bin the
-   reference positions as they are), then append each atom to its cell's slots. */
-template <typename real>
-__global__ void md_resident_bin(real* __restrict__ positions, int* __restrict__ images, real* __restrict__ reference,
-                                int n, int wrap, real box_x, real box_y, real box_z,
-                                real cells_per_x, real cells_per_y, real cells_per_z, int nx, int ny, int nz,
-                                int* __restrict__ cell_count, int* __restrict__ cell_atoms, int cell_capacity,
-                                const int* __restrict__ watch, int* __restrict__ control) {
-    if (watch[0] == NOT_EXCEEDED) return;
-    const int i = blockDim.x * blockIdx.x + threadIdx.x;
-    if (i >= n) return;
-    const real box[3] = {box_x, box_y, box_z};
-    real p[3];
-    for (int axis = 0; axis < 3; ++axis) {
-        real x = wrap ? positions[3 * i + axis] : reference[3 * i + axis];
-        if (wrap) {   /* the arithmetic of ghosts.md_wrap */
-            int crossings = (int)floor(x / box[axis]);
-            x -= crossings * box[axis];
-            if (x >= box[axis]) { x -= box[axis]; crossings += 1; }
-            positions[3 * i + axis] = x;
-            reference[3 * i + axis] = x;
-            images[3 * i + axis] += crossings;
-        }
-        p[axis] = x;
-    }
-    const int cx = min(max((int)floor(p[0] * cells_per_x), 0), nx - 1);
-    const int cy = min(max((int)floor(p[1] * cells_per_y), 0), ny - 1);
-    const int cz = min(max((int)floor(p[2] * cells_per_z), 0), nz - 1);
-    const int cell = (cz * ny + cy) * nx + cx;
-    const int slot = atomicAdd(cell_count + cell, 1);
-    if (slot < cell_capacity) cell_atoms[(long long)cell * cell_capacity + slot] = i;
-    else atomicMax(control + 2, slot + 1);
-}
-
-/* [flag] Ascending atom index inside every cell: the list order, hence the forces' summation order,
-   does not depend on the order of the atomics above. One warp per cell: each lane ranks the entries it
-   holds against all of the cell's entries (indices are distinct), then writes them at their ranks. */
-#define SORT_PER_LANE 8
-extern "C" __global__ void md_resident_sort_cells(const int* __restrict__ watch, const int* __restrict__ cell_count,
-                                                  int n_cells, int cell_capacity, int* __restrict__ cell_atoms) {
-    if (watch[0] == NOT_EXCEEDED) return;
-    const int c = (blockDim.x * blockIdx.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (c >= n_cells) return;   /* the same for the whole warp */
-    int* slots = cell_atoms + (long long)c * cell_capacity;
-    const int m = min(cell_count[c], cell_capacity);
-    if (m > 32 * SORT_PER_LANE) {   /* a grown, crowded cell: insertion sort by one lane */
-        if (lane == 0)
-            for (int k = 1; k < m; ++k) {
-                const int value = slots[k];
-                int q = k - 1;
-                while (q >= 0 && slots[q] > value) { slots[q + 1] = slots[q]; --q; }
-                slots[q + 1] = value;
-            }
-        return;
-    }
-    int value[SORT_PER_LANE], rank[SORT_PER_LANE];
-    for (int v = 0; v < SORT_PER_LANE; ++v) {
-        const int k = lane + 32 * v;
-        value[v] = k < m ? slots[k] : 0;
-        rank[v] = 0;
-    }
-    for (int t = 0; t < m; ++t) {
-        const int other = slots[t];   /* the same address in every lane: one broadcast load */
-        for (int v = 0; v < SORT_PER_LANE; ++v) rank[v] += other < value[v];
-    }
-    __syncwarp();   /* every lane has read every entry before any is overwritten */
-    for (int v = 0; v < SORT_PER_LANE; ++v)
-        if (lane + 32 * v < m) slots[rank[v]] = value[v];
-}
-
-/* [flag] Full neighbour list from the reference (build-time) positions, 27 periodic neighbour cells,
-   minimum-image distances. 2**lane_bits consecutive threads of a warp share atom i: they test a cell's
-   slots side by side and append the hits with a ballot, in slot order, so the list is the one a single
-   thread would write. Storage: one lane k-major ([k * n + i]), several lanes atom-major ([i * capacity + k]),
-   as the force kernel reads it. Counts past the capacity are recorded (control[1]) but not stored. */
-template <typename real>
-__global__ void md_resident_neighbors(const real* __restrict__ reference, int n, real box_x, real box_y, real box_z,
-                                      real inverse_x, real inverse_y, real inverse_z,
-                                      real cells_per_x, real cells_per_y, real cells_per_z, int nx, int ny, int nz,
-                                      const int* __restrict__ cell_count, const int* __restrict__ cell_atoms,
-                                      int cell_capacity, real cutoff_sq, int capacity, int* __restrict__ neighbors,
-                                      int* __restrict__ counts, const int* __restrict__ watch,
-                                      int* __restrict__ control, int count_build, int lane_bits,
-                                      real origin_x, real origin_y, real origin_z, int periodic_mask,
-                                      const int* __restrict__ active) {
-    /* The slab driver (apps.md.resident_slab) reuses this kernel: its cell grid starts at origin and is
-       periodic only on the axes of periodic_mask (bit a: axis a; others hold ghost cells, box and inverse
-       are 0 there, so the minimum-image terms vanish); list rows for the first active[0] of the n rows
-       (n: the arrays' capacity and the k-major stride). One GPU: origin 0, mask 7, active null. */
-    if (watch[0] == NOT_EXCEEDED) return;
-    const int thread = blockDim.x * blockIdx.x + threadIdx.x;
-    if (thread == 0 && count_build) control[0] += 1;
-    const int lanes = 1 << lane_bits;
-    const int i = thread >> lane_bits;
-    const int lane = thread & (lanes - 1);
-    const int first_lane = (threadIdx.x & 31) & ~(lanes - 1);
-    const unsigned group = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1u) << first_lane;
-    if (i >= (active != nullptr ? active[0] : n)) return;   /* the same for every lane of a group */
-    const real xi = reference[3 * i], yi = reference[3 * i + 1], zi = reference[3 * i + 2];
-    const int cx = min(max((int)floor((xi - origin_x) * cells_per_x), 0), nx - 1);
-    const int cy = min(max((int)floor((yi - origin_y) * cells_per_y), 0), ny - 1);
-    const int cz = min(max((int)floor((zi - origin_z) * cells_per_z), 0), nz - 1);
-    int count = 0;
-    for (int oz = -1; oz <= 1; ++oz) {
-        int z = cz + oz;
-        if (periodic_mask & 4) z = (z + nz) % nz;
-        else if (z < 0 || z >= nz) continue;
-        for (int oy = -1; oy <= 1; ++oy) {
-            int y = cy + oy;
-            if (periodic_mask & 2) y = (y + ny) % ny;
-            else if (y < 0 || y >= ny) continue;
-            for (int ox = -1; ox <= 1; ++ox) {
-                int x = cx + ox;
-                if (periodic_mask & 1) x = (x + nx) % nx;
-                else if (x < 0 || x >= nx) continue;
-                const int cell = (z * ny + y) * nx + x;
-                const int* slots = cell_atoms + (long long)cell * cell_capacity;
-                const int m = min(cell_count[cell], cell_capacity);
-                for (int base = 0; base < m; base += lanes) {
-                    const int k = base + lane;
-                    int j = -1;
-                    bool hit = false;
-                    if (k < m) {
-                        j = slots[k];
-                        real dx = xi - reference[3 * j];
-                        real dy = yi - reference[3 * j + 1];
-                        real dz = zi - reference[3 * j + 2];
-                        dx -= box_x * rint(dx * inverse_x);
-                        dy -= box_y * rint(dy * inverse_y);
-                        dz -= box_z * rint(dz * inverse_z);
-                        hit = j != i && dx * dx + dy * dy + dz * dz < cutoff_sq;
-                    }
-                    if (lanes == 1) {   /* no ballot: single-lane masks would serialise a diverged warp */
-                        if (hit && count < capacity) neighbors[(long long)count * n + i] = j;   /* k-major */
-                        count += hit;
-                        continue;
-                    }
-                    const unsigned hits = (__ballot_sync(group, hit) & group) >> first_lane;
-                    if (hit) {
-                        const int position = count + __popc(hits & ((1u << lane) - 1u));
-                        if (position < capacity) neighbors[(long long)i * capacity + position] = j;   /* atom-major */
-                    }
-                    count += __popc(hits);
-                }
-            }
-        }
-    }
-    if (lane != 0) return;
-    counts[i] = count;
-    atomicMax(control + 1, count);
-}
-"""
-
-_NAMES = ("md_resident_begin", "md_resident_sort_cells",
-          *(f"{kernel}<{real}>" for kernel in ("md_resident_bin", "md_resident_neighbors") for real in ("float", "double")))
-
-
-def _kernel(name, dtype=None):
-    if dtype is None:
-        return raw_kernel(_CUDA_SOURCE, _NAMES, name)
-    real = "float" if np.dtype(dtype) == np.float32 else "double"
-    return raw_kernel(_CUDA_SOURCE, _NAMES, f"{name}<{real}>")
 
 
 def cells_per_axis(box, cutoff: float) -> tuple:
@@ -310,84 +102,6 @@ def resident_applies(state, config) -> bool:
     if wanted and problems:
         raise ConfigurationError("--resident on cannot be used: " + "; ".join(problems) + ". Use --resident auto.")
     return not problems
-
-
-class ChunkedGraphSteps:
-    """The host side of a device-resident driver: steps are queued and run as *chunks*, each one CUDA graph,
-    and a chunk's control words are read (waiting for it) when the next chunk is launched, so the host
-    queues steps while the GPU runs. Subclasses provide ``_launch(state, n_steps, energy_last)`` (run the
-    steps as one graph), ``_verify(state, timers)`` (read the words of ``_unverified`` = (first step, steps,
-    energy on the last, step after the chunk); after an overflow grow and run the chunk again) and may
-    override ``_chunk_launched``. With several ranks, flush and settle are collective."""
-
-    chunk: int
-    pending: int = 0
-    n_chunks: int = 0
-    _unverified = None
-
-    def step(self, state, compute_energy: bool, timers) -> None:
-        """Queue one step; launch the queued chunk when it is full or this step needs its energy."""
-        state.step += 1
-        self.pending += 1
-        if compute_energy or self.pending >= self.chunk:
-            self.flush(state, timers, energy_last=compute_energy)
-
-    def flush(self, state, timers=None, energy_last: bool = False) -> None:
-        """Verify the chunk launched before (waits for it), then launch the queued steps as one graph."""
-        self._verify(state, timers)
-        n_steps = self.pending
-        if n_steps == 0:
-            return
-        with _phase(timers, "compute"):
-            self._launch(state, n_steps, energy_last)
-        self._unverified = (state.step - n_steps, n_steps, energy_last, state.step)
-        self.pending = 0
-        self.n_chunks += 1
-        self._chunk_launched(state, energy_last)
-
-    def settle(self, state, timers=None) -> None:
-        """Run and verify every queued step: the state is then exact and current (one synchronisation)."""
-        self.flush(state, timers)
-        self._verify(state, timers)
-
-    def _chunk_launched(self, state, energy_last: bool) -> None:
-        """After a chunk's launch (nothing by default)."""
-
-    def _launch(self, state, n_steps: int, energy_last: bool) -> None:
-        """Run ``n_steps`` steps (energy on the last one if asked) as one graph."""
-        self._graph(n_steps, energy_last).launch()
-
-    def _graph(self, n_steps: int, energy_last: bool):
-        """The graph of ``n_steps`` steps (energy on the last one if asked), captured on first use from the
-        subclass's ``_record_save()`` and ``_record_step(energy)`` on its private stream ``_stream``, the
-        [flag] kernels in IF nodes where they work (collective with several ranks: NCCL calls are captured
-        on every rank in the same order)."""
-        key = (n_steps, bool(energy_last))
-        graph = self._graphs.get(key)
-        if graph is None:
-            if len(self._graphs) >= MAX_GRAPHS:
-                self._graphs.clear()   # the host synchronised after every launch: none is running
-            conditionals = graph_conditionals_here()
-
-            def record():
-                self._skip = rebuild_skip(self._stream if conditionals else None, self.watch)
-                try:
-                    self._record_save()
-                    for number in range(n_steps):
-                        self._record_step(energy_last and number == n_steps - 1)
-                finally:
-                    self._skip = rebuild_skip(None, self.watch)
-
-            # Capture on the private stream; ``on_stream`` keeps the compute stream current afterwards.
-            with on_stream(self._stream):
-                graph = capture_graph(self._stream, record)
-            upload = getattr(graph, "upload", None)
-            if upload is not None:
-                upload()   # device-side setup now, not inside the first launch
-            self._graphs[key] = graph
-            self.n_captures += 1
-        return graph
-
 
 class ResidentSteps(ChunkedGraphSteps):
     """Owns the device arrays of the resident driver and runs chunks of steps as CUDA graphs.
@@ -600,9 +314,3 @@ class ResidentSteps(ChunkedGraphSteps):
         state = self._state
         return {"positions": state.positions, "velocities": state.velocities, "forces": state.forces,
                 "images": state.images, "reference": self.reference, "control": self.control}
-
-
-def _phase(timers, name):
-    import contextlib
-
-    return contextlib.nullcontext() if timers is None else timers.phase(name)

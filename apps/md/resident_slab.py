@@ -67,11 +67,11 @@ from hpcgpu.runtime.capture import when_not_capturing
 from hpcgpu.transport.nccl import nccl_communicator
 
 from . import forces as forces_module
-from . import integrate, resident, resident_slab_kernels, watch
+from . import integrate, resident_kernels, resident_slab_kernels, watch
 from ._arrays import THREADS_PER_BLOCK, blocks_for, raw_kernel
 from .cells import make_cell_grid
 from .forces import lanes_per_atom
-from .resident import DEFAULT_CHUNK, ChunkedGraphSteps, graph_conditionals_here, rebuild_skip
+from .chunked_graphs import DEFAULT_CHUNK, ChunkedGraphSteps, graph_conditionals_here, rebuild_skip
 from .slab_capacity import SlabCapacities
 from .slab_exchange import SlabExchange
 from .slab_plan import (  # noqa: F401  (re-exported: the driver's words, sizes and checks)
@@ -259,8 +259,8 @@ class SlabResidentSteps(SlabCapacities, SlabExchange, ChunkedGraphSteps):
             if "<" not in name or name.endswith(f"<{real}>"):
                 _kernel(name.split("<")[0], dtype if "<" in name else None)
         for name in ("md_resident_begin", "md_resident_sort_cells"):
-            resident._kernel(name)
-        resident._kernel("md_resident_neighbors", dtype)
+            resident_kernels._kernel(name)
+        resident_kernels._kernel("md_resident_neighbors", dtype)
         raw_kernel(watch._CUDA_SOURCE, watch._NAMES, f"md_first_half_watch<{real}>")
         raw_kernel(forces_module._CUDA_SOURCE, forces_module._NAMES, f"md_lj_forces<{real}>")
         for name in ("md_langevin", "md_second_half"):
@@ -277,10 +277,10 @@ class SlabResidentSteps(SlabCapacities, SlabExchange, ChunkedGraphSteps):
             self.positions, self.reference, self.words, np.int32(rows), np.int32(ghosts), np.int32(copy_owned),
             np.int32(copy_ghosts), *origin, *per_length, *shape, self.cell_count, self.cell_atoms,
             np.int32(self.cell_capacity), self.watch, self.words))
-        resident._kernel("md_resident_sort_cells")((blocks_for(32 * self.n_cells),), (THREADS_PER_BLOCK,), (
+        resident_kernels._kernel("md_resident_sort_cells")((blocks_for(32 * self.n_cells),), (THREADS_PER_BLOCK,), (
             self.watch, self.cell_count, np.int32(self.n_cells), np.int32(self.cell_capacity), self.cell_atoms))
         box, inverse = self._periodic_box()
-        resident._kernel("md_resident_neighbors", dtype)((blocks_for(rows * self.build_lanes),), (THREADS_PER_BLOCK,), (
+        resident_kernels._kernel("md_resident_neighbors", dtype)((blocks_for(rows * self.build_lanes),), (THREADS_PER_BLOCK,), (
             self.reference, np.int32(rows), *box, *inverse, *per_length, *shape, self.cell_count, self.cell_atoms,
             np.int32(self.cell_capacity), real(self.width ** 2), np.int32(self.neighbor_capacity), self.neighbors,
             self.counts, self.watch, self.words, np.int32(count_build), np.int32(self.build_lanes.bit_length() - 1),
@@ -316,7 +316,7 @@ class SlabResidentSteps(SlabCapacities, SlabExchange, ChunkedGraphSteps):
         real_name = _real_name(dtype)
         rows = self.row_capacity
         active = self.words[W_OWNED:]
-        resident._kernel("md_resident_begin")((blocks_for(max(self.n_cells, 1)),), (THREADS_PER_BLOCK,),
+        resident_kernels._kernel("md_resident_begin")((blocks_for(max(self.n_cells, 1)),), (THREADS_PER_BLOCK,),
                                               (self.counter, self.watch, self.cell_count, np.int32(self.n_cells)))
         raw_kernel(watch._CUDA_SOURCE, watch._NAMES, f"md_first_half_watch<{real_name}>")(
             (blocks_for(rows),), (THREADS_PER_BLOCK,), (

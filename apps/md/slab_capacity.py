@@ -15,7 +15,7 @@ import numpy as np
 from hpcgpu.errors import ConfigurationError, HaloError
 
 from .neighbors import GROWTH, NeighborList
-from .resident import _phase
+from .chunked_graphs import _phase
 from .slab_plan import MAX_BLOCKS, MIGRANT_WORDS, N_WORDS, PEER_TIMEOUT_SECONDS, TILE, W_BUILDS, W_CELL_NEEDED, \
     W_GHOSTS_NEEDED, W_LOST, W_MIGRANTS_NEEDED, W_NEIGHBORS_NEEDED, W_OWNED, W_OWNED_NEEDED, W_PEER_TIMEOUT
 from .watch import NOT_EXCEEDED

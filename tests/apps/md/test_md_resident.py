@@ -147,13 +147,13 @@ def test_graph_if_nodes_change_no_bit(comm, cupy, monkeypatch):
     plain launches that return at once: the same bits, the same rebuilds. On 2 ranks: the slab driver,
     whose IF nodes also hold the migration (peer exchange) and the ghost send lists."""
     import hpcgpu
-    from apps.md import resident
+    from apps.md import chunked_graphs
 
     hpcgpu.arch.auto(comm, backend="cupy", allow_sharing=True)
     config = _config(thermostat="langevin", resident=True)
     runs = {}
     for conditionals in (False, True):
-        monkeypatch.setattr(resident, "GRAPH_CONDITIONALS", conditionals)
+        monkeypatch.setattr(chunked_graphs, "GRAPH_CONDITIONALS", conditionals)
         state = _state(comm, cupy, np.float64, config, cells=8)
         runs[conditionals] = _run(state, config, 100) + (state.n_builds,)
         summary = state.resident.summary()
