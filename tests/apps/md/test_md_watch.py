@@ -5,7 +5,7 @@ after a missed crossing of skin/2 gives exactly the run of an every-step check (
 import numpy as np
 import pytest
 
-from apps.md import distributed, lattice, potential, serial, watch
+from apps.md import distributed, distributed_state, lattice, potential, serial, watch
 
 
 def _run(comm, check_interval, steps=60, thermo_every=20, thermostat=None, fixed_schedule=False, monkeypatch=None):
@@ -109,8 +109,8 @@ def test_step_graph_branches_of_the_driver_give_the_same_run(comm, monkeypatch):
     """The driver's graph path (first half / check / second half, early return) with eager stand-ins."""
     expected, expected_atoms, _ = _run(comm, check_interval=7, steps=45, thermo_every=15, thermostat="langevin",
                                        fixed_schedule=True, monkeypatch=monkeypatch)
-    monkeypatch.setattr(distributed, "graphs_apply", lambda state, config: True)
-    monkeypatch.setattr(distributed, "StepGraphs", _HostStepGraphs)
+    monkeypatch.setattr(distributed_state, "graphs_apply", lambda state, config: True)
+    monkeypatch.setattr(distributed_state, "StepGraphs", _HostStepGraphs)
     found, atoms, state = _run(comm, check_interval=7, steps=45, thermo_every=15, thermostat="langevin",
                                fixed_schedule=True, monkeypatch=monkeypatch)
     assert state.graphs.n_launches > 45 and state.watch.n_rollbacks > 0
