@@ -113,7 +113,8 @@ class Jet:
 
     def _streamfunction_parts(self, x: Any, y: Any):
         s = self._s(y)
-        sech2 = 1.0 / np.cosh(s) ** 2
+        with np.errstate(over="ignore"):   # cosh overflows far from the jet: sech^2 is 0 there, as it should be
+            sech2 = 1.0 / np.cosh(s) ** 2
         x = np.asarray(x, dtype=np.float64)
         cos_sum = np.zeros(np.broadcast(x, s).shape)
         dsin_sum = np.zeros(np.broadcast(x, s).shape)
