@@ -236,10 +236,19 @@ class Simulation:
             self.graph = StepGraph(self.arch, model, GRAPH_STEPS)
         with timers.range(f"step {model.step_index + 1}"):
             if (self.graph is not None and model.step_index + GRAPH_STEPS <= self.final_step
-                    and model.capturable(GRAPH_STEPS) and not self.control.wants_save(model.step_index + 1)):
+                    and model.capturable(GRAPH_STEPS) and not self.control.wants_save(model.step_index + 1)
+                    and self.window_is_clear(GRAPH_STEPS)):
                 self.graph.launch(timers)
             else:
                 model.step(timers)
+
+    def window_is_clear(self, n_steps: int) -> bool:
+        """True when no operation with :attr:`~Operation.exact_steps` fires strictly inside the next
+        ``n_steps`` steps, so they may be replayed as one graph (the loop sees only the last of them).
+        A NaN check every 25 steps then still runs at step 25, not only at 50."""
+        step, final = self.model.step_index, self.final_step
+        return not any(operation.exact_steps and operation.trigger(step + k, final)
+                       for operation in self.operations for k in range(1, n_steps))
 
     def _report(self, wall: float, monitor, monitor_extra: dict) -> dict:
         comm, arch, model = self.comm, self.arch, self.model

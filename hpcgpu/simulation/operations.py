@@ -31,6 +31,11 @@ class Operation:
         When :meth:`act` runs (default: after every step).
     """
 
+    #: True when the operation must see the exact step its trigger names: the driver then never replays a
+    #: CUDA graph across that step (False for operations that any later step serves as well, such as
+    #: the progress line, or that make their own arrangements: model output, checkpoints).
+    exact_steps = True
+
     def __init__(self, trigger: Trigger | None = None):
         self.trigger = trigger if trigger is not None else Always()
 
@@ -77,6 +82,8 @@ class ModelOutput(Operation):
     """The model's own output (:meth:`Model.after_step`): after every step, and for the initial state
     of a fresh run."""
 
+    exact_steps = False
+
     def begin(self, simulation) -> None:
         if not simulation.restarted:
             self.act(simulation)
@@ -99,6 +106,8 @@ class ProgressReport(Operation):
         ``note_fn(simulation) -> str``: text after the rate (default :func:`model_note`).
     """
 
+    exact_steps = False
+
     def __init__(self, note_fn=model_note, trigger: Trigger | None = None):
         super().__init__(trigger)
         self.note_fn = note_fn
@@ -110,6 +119,8 @@ class ProgressReport(Operation):
 class Checkpoint(Operation):
     """Periodic checkpoints and stop requests (:meth:`RunControl.after_step`); may end the job with
     exit code 75 after writing a final checkpoint."""
+
+    exact_steps = False
 
     def act(self, simulation) -> None:
         simulation.control.after_step(simulation.model.step_index, simulation.model.checkpoint_state,

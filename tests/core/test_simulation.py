@@ -208,3 +208,19 @@ def test_frozen_options_resolve_without_changing_the_parsed_options(tmp_path):
         frozen.steps = 6
     with pytest.raises(AttributeError):
         frozen.no_such_option
+
+
+def test_graphs_never_replay_across_a_step_an_operation_must_see(tmp_path):
+    """A 2-step graph that would jump over step 25 of a NaN check every 25 steps (or step 7 of an app
+    operation every 7) is not replayed there; progress, model output and checkpoints do not hold it back."""
+    comm = hpcgpu.Communicator()
+    arch = hpcgpu.arch.CPU()
+    model = Counter(comm, arch)
+    simulation = Simulation(comm, arch, model, _options(tmp_path), app="toy", output=tmp_path, final_step=100,
+                            nan_check=Periodic(25), operations=[Recorder(Periodic(7))])
+    blocked = []
+    for step in range(0, 99):
+        model.step_index = step
+        if not simulation.window_is_clear(2):
+            blocked.append(step + 1)
+    assert blocked == [7, 14, 21, 25, 28, 35, 42, 49, 50, 56, 63, 70, 75, 77, 84, 91, 98]
