@@ -3,7 +3,7 @@
 NVML reports, for each GPU, the CPUs attached to the same socket / NUMA node
 (``nvmlDeviceGetCpuAffinity``). :func:`bind_near_gpu` restricts a rank to those CPUs, split evenly
 between the ranks of the node whose GPUs share that set (so two ranks next to one socket do not
-fight over the same cores). It runs only when asked (``--bind-cpus`` / ``HPCGPU_BIND_CPUS=1``):
+fight over the same cores). It runs only when asked (``--bind-cpus``):
 launchers and Slurm often bind already, and their binding should win by default.
 """
 
