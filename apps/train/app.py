@@ -33,7 +33,7 @@ from .parallel_grid import make_grid
 from .parallel_model import ParallelTrainingModel
 from .parallel_training import ParallelTrainer
 from .simulation_model import Evaluation, TrainingModel
-from .simulation_model import launch_bound_note  # noqa: F401 - re-exported (tests import it from here)
+from .training_run import launch_bound_note  # noqa: F401 - re-exported (tests import it from here)
 from .tensor_parallel import MLPSpec
 from .trainer import TrainConfig, Trainer, init_train_state
 
