@@ -11,8 +11,8 @@ another order than one full-batch GEMM: rounding only).
 import numpy as np
 import pytest
 
-from test_tensor_parallel import (LOSS_TOLERANCE, SPEC, evaluation_agrees, grid_curve,
-                                  one_process_curve, relative, train_config)
+from test_tensor_parallel import (LOSS_TOLERANCE, SPEC, assert_grids_match_one_process, evaluation_agrees,
+                                  grid_curve, one_process_curve, relative, train_config)
 
 from apps.train.layers import ForwardContext
 from apps.train.loss import softmax_cross_entropy
@@ -156,16 +156,7 @@ def test_hybrid_grids_on_four_ranks_match_one_process(comm):
     """2 x 2 x 1 (data x tensor), 1 x 2 x 2 (tensor x pipeline, M = 3, 1F1B) and 2 x 1 x 2 (data x
     pipeline, M = 2: the data-parallel buckets start in each stage's last backward) on 4 ranks:
     50 steps equal 1 x 1 x 1 to 1e-10 relative; evaluation to 1e-12."""
-    reference, reference_params, reference_runner = one_process_curve(comm)
-    for sizes, micro_batches in (((2, 2, 1), 1), ((1, 2, 2), 3), ((2, 1, 2), 2)):
-        grid = make_grid(comm, *sizes)
-        losses, params, runner = grid_curve(grid, micro_batches=micro_batches)
-        assert relative(losses, reference) <= LOSS_TOLERANCE, (sizes, losses[-3:], reference[-3:])
-        assert relative(params, reference_params) <= LOSS_TOLERANCE, sizes
-        assert evaluation_agrees(runner, reference_runner), sizes
-        if comm.rank == 0:
-            print(f"{grid.describe()}: loss {relative(losses, reference):.2e}, "
-                  f"parameters {relative(params, reference_params):.2e}")
+    assert_grids_match_one_process(comm, (((2, 2, 1), 1), ((1, 2, 2), 3), ((2, 1, 2), 2)))
 
 
 @pytest.mark.mpi(ranks=[2], timeout=60)

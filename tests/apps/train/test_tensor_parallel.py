@@ -197,22 +197,29 @@ def test_tensor_parallel_block_gradients_equal_the_unsplit_block(comm):
             print(f"{form}: max relative gradient difference {worst:.2e}")
 
 
-@pytest.mark.mpi(ranks=[2], timeout=120)
-def test_tensor_and_data_parallel_losses_match_one_process(comm):
-    """50 steps (fp64, AdamW, clipping, dropout) at 1 x 2 x 1 and 2 x 1 x 1 equal 1 x 1 x 1 to
-    1e-10 relative (losses and final parameters; evaluation to 1e-12); the tensor-parallel model
-    also trains through the existing ``trainer.train_step`` with the grid's sync, to the same
-    curve; and in fp32 (1e-5, as the data-parallel tests) and fp16 (loss scaling; 2e-3)."""
+def assert_grids_match_one_process(comm, cases):
+    """Each ``(sizes, micro_batches)`` grid trains the one-process model to the same 50-step losses and
+    final parameters (``LOSS_TOLERANCE``) and evaluates alike; returns the one-process loss curve."""
     reference, reference_params, reference_runner = one_process_curve(comm)
-    for sizes in ((1, 2, 1), (2, 1, 1)):
+    for sizes, micro_batches in cases:
         grid = make_grid(comm, *sizes)
-        losses, params, runner = grid_curve(grid)
+        losses, params, runner = grid_curve(grid, micro_batches=micro_batches)
         assert relative(losses, reference) <= LOSS_TOLERANCE, (sizes, losses[-3:], reference[-3:])
         assert relative(params, reference_params) <= LOSS_TOLERANCE, sizes
         assert evaluation_agrees(runner, reference_runner), sizes
         if comm.rank == 0:
             print(f"{grid.describe()}: loss {relative(losses, reference):.2e}, "
                   f"parameters {relative(params, reference_params):.2e}")
+    return reference
+
+
+@pytest.mark.mpi(ranks=[2], timeout=120)
+def test_tensor_and_data_parallel_losses_match_one_process(comm):
+    """50 steps (fp64, AdamW, clipping, dropout) at 1 x 2 x 1 and 2 x 1 x 1 equal 1 x 1 x 1 to
+    1e-10 relative (losses and final parameters; evaluation to 1e-12); the tensor-parallel model
+    also trains through the existing ``trainer.train_step`` with the grid's sync, to the same
+    curve; and in fp32 (1e-5, as the data-parallel tests) and fp16 (loss scaling; 2e-3)."""
+    reference = assert_grids_match_one_process(comm, (((1, 2, 1), 1), ((2, 1, 1), 1)))
     assert reference[-1] < 0.7 * reference[0]     # it learns
     grid = make_grid(comm, 1, 2, 1)
     x, y = synthetic_data()
