@@ -90,7 +90,7 @@ def collect(comm, backend: str = "auto", nccl_topology: bool = False) -> dict:
     from mpi4py import MPI
 
     import hpcgpu
-    from hpcgpu.transport import auto_transport_name
+    from hpcgpu.transport import transport_name
     from hpcgpu.transport.mpi_device import mpi_is_cuda_aware
     from hpcgpu.transport.nccl import nccl_version
 
@@ -140,7 +140,7 @@ def collect(comm, backend: str = "auto", nccl_topology: bool = False) -> dict:
         "hpcgpu": hpcgpu.__version__,
         "backend": arch.name,
         "backend_reason": arch.reason,
-        "transport": auto_transport_name(arch),
+        "transport": transport_name(comm, arch),
         "nccl": nccl_version(),
         "ranks": rows,
         "link_matrices": {host: m for host, m in (x for x in matrices if x)},

@@ -33,13 +33,13 @@ from hpcgpu.transport.selection import (
     TRANSPORTS,
     JobTransport,
     TransportChoice,
-    auto_transport_name,
     select_transport,
+    transport_choice,
     transport_name,
 )
 
-__all__ = ["TRANSPORTS", "JobTransport", "TransportChoice", "auto_transport_name", "default_transport",
-           "make_transport", "select_transport", "transport_name"]
+__all__ = ["TRANSPORTS", "JobTransport", "TransportChoice", "default_transport", "make_transport",
+           "select_transport", "transport_choice", "transport_name"]
 
 
 def make_transport(name: str, comm, arch):

@@ -129,15 +129,6 @@ def automatic_transport(is_gpu: bool) -> str:
     return "mpi-cuda" if mpi_is_cuda_aware() else "mpi-staged"
 
 
-def local_transport_name(is_gpu: bool, requested: str | None = None) -> str:
-    """What this rank would choose, without asking the others (not collective); validated."""
-    name, source = requested_transport(requested)
-    if name is None:
-        return automatic_transport(is_gpu)
-    check_transport_name(name, is_gpu, source)
-    return name
-
-
 def _architecture_name(is_gpu: bool) -> str:
     return "gpu" if is_gpu else "cpu"
 
@@ -233,19 +224,6 @@ def transport_choice(comm, arch) -> TransportChoice:
 
 
 def transport_name(comm, arch) -> str:
-    """The transport of this job for ``arch`` (for headers and summaries); never collective.
-
-    The stored choice when :func:`select_transport` has run, else what it would choose from
-    ``HPCGPU_TRANSPORT`` or automatically on this rank."""
-    stored = comm.job_transport.choices.get(_architecture_name(bool(arch.is_gpu)))
-    if stored is not None:
-        return stored.name
-    return local_transport_name(bool(arch.is_gpu))
-
-
-def auto_transport_name(arch) -> str:
-    """Alias kept for callers without a communicator (``apps.stencil``, ``hpcgpu info``): the value of
-    ``HPCGPU_TRANSPORT`` as given, else the automatic choice for ``arch`` on this rank. Not collective,
-    not validated. Prefer :func:`transport_name`."""
-    name, _ = requested_transport(None)
-    return name if name is not None else automatic_transport(bool(arch.is_gpu))
+    """The transport of this job for ``arch`` (for headers, summaries and ``hpcgpu info``); never
+    collective: :func:`transport_choice`'s name."""
+    return transport_choice(comm, arch).name

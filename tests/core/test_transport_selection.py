@@ -63,12 +63,12 @@ def test_automatic_choice_on_gpus_is_nccl_then_cuda_aware_mpi_then_staged(monkey
 @pytest.mark.mpi(ranks=[1, 2])
 def test_selection_precedence_and_one_choice_per_job(comm, monkeypatch):
     import hpcgpu
-    from hpcgpu.transport import auto_transport_name, default_transport, select_transport, transport_name
+    from hpcgpu.transport import default_transport, select_transport, transport_choice, transport_name
 
     cpu = hpcgpu.arch.auto(comm, backend="numpy")
     monkeypatch.delenv("HPCGPU_TRANSPORT", raising=False)
     job = fresh(comm)
-    assert transport_name(job, cpu) == "mpi" and auto_transport_name(cpu) == "mpi"   # nothing chosen yet
+    assert transport_name(job, cpu) == "mpi" and transport_choice(job, cpu).source == "automatic"   # nothing chosen yet
     assert select_transport(job, cpu) == "mpi"
     assert job.job_transport.choices["cpu"] == selection.TransportChoice("mpi", "automatic")
     # The halo exchange reads the stored choice, and builds its transport once.
