@@ -260,13 +260,13 @@ class Simulation:
         throughput = model.updates_per_step * done / wall if wall > 0 else 0.0
         # Collective; raises if the rate beats the GPU's copy bandwidth (the steps did not do their work).
         plausibility = check_throughput(comm, arch, throughput, model.unit, model.min_bytes_per_update)
+        transport = transport_choice(comm, arch)
         summary = make_summary(
             app=self.app, backend=arch.name, comm=comm, decomposition=model.decomposition(),
             steps=done, wall_seconds=wall, throughput=throughput, unit=model.unit, timers=timer_summary,
             diagnostics=diagnostics, checksum=checksum,
             extra={"first_step": self.first_step, "final_step": model.step_index,
-                   "transport": transport_choice(comm, arch).name,
-                   "transport_source": transport_choice(comm, arch).source, **model.summary_extra(self),
+                   "transport": transport.name, "transport_source": transport.source, **model.summary_extra(self),
                    **plausibility, **monitor_extra},
         )
         model.finish(self.output, summary, plot=self.plot)
