@@ -489,7 +489,7 @@ def main(argv=None) -> int:
     comm.barrier()
     if comm.rank == 0:
         if options.json:
-            from hpcgpu.app.environment import git_commit
+            from hpcgpu.provenance import git_commit
 
             Path(options.json).write_text(json.dumps({
                 "benchmark": "checkpoint_io", "n_ranks": comm.size, "backend": arch.name,

@@ -6,6 +6,7 @@ layer and the app layer both read it without importing each other.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from pathlib import Path
@@ -13,8 +14,10 @@ from pathlib import Path
 from hpcgpu import __version__
 
 
+@functools.cache
 def git_commit() -> str | None:
-    """The commit of the hpcgpu checkout in use (``$HPCGPU_GIT_COMMIT`` if set; None outside git)."""
+    """The commit of the hpcgpu checkout in use (``$HPCGPU_GIT_COMMIT`` if set; None outside git); read
+    once per process."""
     if os.environ.get("HPCGPU_GIT_COMMIT"):
         # Set by job scripts that run a copy of the tree without .git (e.g. on a remote GPU machine).
         return os.environ["HPCGPU_GIT_COMMIT"]

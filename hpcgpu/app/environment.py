@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import platform
 import tempfile
@@ -14,13 +13,6 @@ from hpcgpu.app.cli import FrozenOptions
 from hpcgpu.app.jsonio import write_json
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.transport.nccl import nccl_version
-
-
-@functools.cache
-def git_commit() -> str | None:
-    """The commit of the hpcgpu checkout in use (``$HPCGPU_GIT_COMMIT`` if set; None outside git); read
-    once per process (:func:`hpcgpu.provenance.git_commit`)."""
-    return provenance.git_commit()
 
 
 def _version(module_name: str) -> str | None:
@@ -37,7 +29,7 @@ def environment(comm, arch) -> dict:
 
     facts = {
         "hpcgpu": hpcgpu.__version__,
-        "git_commit": git_commit(),
+        "git_commit": provenance.git_commit(),
         "python": platform.python_version(),
         "numpy": _version("numpy"),
         "numba": _version("numba"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hpcgpu
-from hpcgpu.app.environment import git_commit
+from hpcgpu.provenance import git_commit
 from hpcgpu.app.jsonio import plain, write_json
 
 __all__ = ["make_summary", "write_json"]
