@@ -20,6 +20,7 @@ import numpy as np
 
 from apps.stencil.sphere.parameters import SphereTile
 from apps.stencil.swe._arrays import array_module
+from hpcgpu.arch import is_device_array
 
 DIAGNOSTIC_NAMES = ("mass", "energy", "potential_enstrophy")
 
@@ -86,7 +87,7 @@ def local_error_sums(h, exact_owned, params: SphereTile) -> dict:
 
 
 def _host(array) -> np.ndarray:
-    return array.get() if type(array).__module__.startswith("cupy") else np.asarray(array)
+    return array.get() if is_device_array(array) else np.asarray(array)
 
 
 def error_norms(sums: dict) -> dict:

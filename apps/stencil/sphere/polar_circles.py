@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from apps.stencil.sphere.parameters import SphereParameters, mirrored_center_rows
+from hpcgpu.arch import is_device_array
 
 
 def damping_factors(latitude: float, nx: int, cutoff_latitude: float) -> np.ndarray:
@@ -59,7 +60,7 @@ class FilterPlan:
 
     def filtered_rows_like(self, array: Any) -> Any:
         """``filtered_rows`` in the array library of ``array`` (a CuPy copy is built once per device and cached)."""
-        if not type(array).__module__.startswith("cupy"):
+        if not is_device_array(array):
             return self.filtered_rows
         import cupy  # only for CuPy arrays: this module imports without CuPy
 

@@ -47,6 +47,7 @@ from apps.stencil.sphere.polar_circles import (
     mpi_row_gather,
 )
 from apps.stencil.sphere.polar_filter_gpu import filter_and_combine_gpu
+from hpcgpu.arch import is_device_array
 
 
 def filter_and_combine(
@@ -77,7 +78,7 @@ def filter_and_combine(
     """
     if not plan.rows:
         return
-    if type(out[0]).__module__.startswith("cupy"):
+    if is_device_array(out[0]):
         filter_and_combine_gpu(out, base, stage, increment, a, b, plan, gather)
         return
     w, n = plan.halo_width, plan.n_columns

@@ -17,6 +17,7 @@ import numpy as np
 from apps.stencil.sphere.parameters import SphereTile
 from apps.stencil.sphere.polar_filter import FilterPlan, filter_and_combine, local_gather
 from apps.stencil.sphere.stage import SSP_RK3_STAGES, sphere_stage
+from hpcgpu.arch import is_device_array
 from hpcgpu.errors import NumericalError
 
 DEFAULT_CFL = 0.8
@@ -27,7 +28,7 @@ def stability_rate(h: Any, u: Any, v: Any, params: SphereTile, cutoff_latitude: 
     w = params.halo_width
     owned = (slice(w, w + params.n_rows), slice(w, w + params.n_columns))
     # Called once per run: CuPy fields are simply copied to the host.
-    h, u, v, cos_center = (a.get() if type(a).__module__.startswith("cupy") else a for a in (h, u, v, params.cos_center))
+    h, u, v, cos_center = (a.get() if is_device_array(a) else a for a in (h, u, v, params.cos_center))
     depth = np.asarray(h[owned], dtype=np.float64)
     if not (np.isfinite(depth).all() and depth.min() > 0):
         raise NumericalError(f"the latlon state is invalid (minimum depth {depth.min()} m or NaN); reduce dt / --cfl")

@@ -3,23 +3,9 @@
 from __future__ import annotations
 
 import collections
-from typing import Any
 
-import numpy as np
-
-
-def is_cupy(array: Any) -> bool:
-    """True for a CuPy array (checked by module name, so CuPy need not be importable)."""
-    return type(array).__module__.startswith("cupy")
-
-
-def array_module(array: Any) -> Any:
-    """``cupy`` for a CuPy array, else ``numpy`` (CuPy is imported only when needed)."""
-    if is_cupy(array):
-        import cupy
-
-        return cupy
-    return np
+from hpcgpu.arch import array_module  # noqa: F401 - re-exported for the shallow-water modules
+from hpcgpu.arch import is_device_array as is_cupy  # the one "is this a CuPy array?" test (re-exported)
 
 
 class IdentityCache:
