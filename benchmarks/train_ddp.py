@@ -111,7 +111,7 @@ class PhaseClocks:
             self.samples.setdefault(phase, []).append((clock, power, reasons))
 
     def summary(self):
-        from hpcgpu.monitor import decode_throttle_reasons
+        from hpcgpu.nvml_sample import decode_throttle_reasons
 
         self._stop.set()
         self._thread.join(timeout=5)

@@ -12,7 +12,8 @@ import pytest
 
 from hpcgpu import monitor
 from hpcgpu.errors import ConfigurationError
-from hpcgpu.monitor import GpuMonitor, decode_throttle_reasons, format_monitor
+from hpcgpu.monitor import GpuMonitor, format_monitor
+from hpcgpu.nvml_sample import decode_throttle_reasons
 from hpcgpu.profiling import handle_profile_flag, nsys_command, under_nsys
 
 BUS_ID = "00000000:3B:00.0"
