@@ -18,7 +18,7 @@ import json
 import platform
 import shlex
 
-from hpcgpu.runtime import topology
+from hpcgpu.runtime import nccl_topology, topology
 from hpcgpu.runtime.affinity import cpus_near_gpu, current_cpus, format_cpus
 
 _TOPOLOGY_NAMES = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
@@ -128,8 +128,8 @@ def collect(comm, backend: str = "auto", nccl_topology: bool = False) -> dict:
             nccl_view = {"message": "--nccl-topology: does not apply here (needs a GPU and NCCL; this rank runs on "
                                     f"{arch.name})", "summary": []}
         else:
-            xml, message = topology.nccl_topology_dump()
-            nccl_view = {"message": message, "summary": topology.summarise_nccl_topology(xml) if xml else []}
+            xml, message = nccl_topology.nccl_topology_dump()
+            nccl_view = {"message": message, "summary": nccl_topology.summarise_nccl_topology(xml) if xml else []}
     return {
         "mpi_library": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],
         "mpi_standard": "%d.%d" % MPI.Get_version(),
@@ -246,7 +246,7 @@ def format_topologies(topologies: dict) -> list[str]:
             lines.append("  (PIX/PXB = same PCIe switch, PHB = same root complex, NODE = same NUMA node, "
                          "SYS = across sockets)")
         lines.append(f"  {node['gpudirect']}")
-        lines.append(f"  {topology.NCCL_HINT}; hpcgpu info --nccl-topology does it on a GPU")
+        lines.append(f"  {nccl_topology.NCCL_HINT}; hpcgpu info --nccl-topology does it on a GPU")
         if node["recommendations"]:
             lines.append("  recommended per local rank (hpcgpu info --apply prints them for a job script):")
         else:

@@ -22,7 +22,7 @@ import pytest
 
 from hpcgpu import info
 from hpcgpu.launch import run_mpi
-from hpcgpu.runtime import topology
+from hpcgpu.runtime import nccl_topology, topology
 
 GPU0, GPU1 = "0000:03:00.0", "0000:83:00.0"
 ROOT = Path(__file__).resolve().parents[2]
@@ -194,8 +194,8 @@ def test_nccl_topology_summary():
     xml = """<system version="1"><cpu numaid="0"><pci busid="0000:03:00.0"><gpu dev="0">
              <nvlink target="0000:83:00.0" count="18"/></gpu></pci>
              <nic><net name="mlx5_0" dev="0" speed="200000" gdr="1"/></nic></cpu></system>"""
-    assert topology.summarise_nccl_topology(xml) == ["NUMA 0: GPUs GPU0 (18 NVLinks); NICs mlx5_0 200000 Mb/s GDR"]
-    assert "could not parse" in topology.summarise_nccl_topology("<system")[0]
+    assert nccl_topology.summarise_nccl_topology(xml) == ["NUMA 0: GPUs GPU0 (18 NVLinks); NICs mlx5_0 200000 Mb/s GDR"]
+    assert "could not parse" in nccl_topology.summarise_nccl_topology("<system")[0]
 
 
 @pytest.mark.parametrize("n_ranks", [1, 2])
