@@ -315,9 +315,11 @@ def format_bytes(n_bytes: float) -> str:
     return f"{n_bytes:.0f} B"
 
 
-def describe_node_traffic(layout: NodeLayout, exchanges_per_step: int = 1) -> str:
+def describe_node_traffic(layout: NodeLayout, exchanges_per_step: int = 1, axes: str = "") -> str:
     """One line for a run header, e.g.
     ``2 nodes x 4 ranks: node-aware layout 8x1 (node blocks 4x1): inter-node halo 131 kB/step vs 918 kB naive``.
+
+    ``axes`` (e.g. ``"z, y, x"``) names the axis order of the dims where the header uses another one.
     """
     counts = sorted(set(Counter(layout.node_of_rank).values()))
     per_node = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
@@ -325,7 +327,8 @@ def describe_node_traffic(layout: NodeLayout, exchanges_per_step: int = 1) -> st
     blocks = "x".join(map(str, tile)) if tile else "irregular"
     kind = "node-aware layout" if layout.node_aware else "rank-order layout"
     scale = int(exchanges_per_step)
-    text = (f"{layout.n_nodes} nodes x {per_node} ranks: {kind} {'x'.join(map(str, layout.dims))} "
+    order = f" ({axes})" if axes else ""
+    text = (f"{layout.n_nodes} nodes x {per_node} ranks: {kind} {'x'.join(map(str, layout.dims))}{order} "
             f"(node blocks {blocks}): inter-node halo {format_bytes(layout.inter_bytes * scale)}/step")
     if layout.node_aware:
         return text + f" vs {format_bytes(layout.naive_inter_bytes * scale)} naive"

@@ -15,6 +15,7 @@ import numpy as np
 
 from hpcgpu.app.checksum import hash_arrays
 from hpcgpu.errors import ConfigurationError
+from hpcgpu.particles.node_traffic import ghost_traffic_line
 from hpcgpu.simulation import AtEnd, Model, Operation, Periodic
 
 from . import distributed, system
@@ -102,12 +103,15 @@ class LennardJonesModel(Model):
 
     def header_lines(self, comm, arch) -> list[str]:
         config, options, domain = self.config, self.options, self.state.domain
-        return [f"box {' x '.join(f'{v:.6g}' for v in domain.box)} sigma; {config.potential.variant} cut "
+        lines = [f"box {' x '.join(f'{v:.6g}' for v in domain.box)} sigma; {config.potential.variant} cut "
                 f"{config.potential.max_cutoff:g}, skin {config.skin:g}, dt {config.dt:g}, "
                 f"thermostat {options.thermostat}, {options.precision}"
                 f"{' (fp32 pair forces, fp64 accumulation)' if options.precision == 'fp32' else ''}",
                 f"backend: {arch.name} ({arch.reason})",
                 f"ranks: {comm.size} on {comm.n_nodes} node(s); {domain.describe()}"]
+        # On several (real or HPCGPU_SIMULATE_NODES) nodes: ghost bytes that cross nodes, chosen vs naive layout.
+        traffic = ghost_traffic_line(domain, self.state.n_atoms)
+        return lines + ([f"nodes: {traffic}"] if traffic else [])
 
     def decomposition(self) -> dict:
         domain = self.state.domain

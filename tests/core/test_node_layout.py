@@ -222,3 +222,31 @@ def test_the_stencil_header_names_the_inter_node_halo_traffic(tmp_path):
     env.pop("HPCGPU_SIMULATE_NODES")
     one_node = run_mpi(4, command + ["--output", str(tmp_path / "one-node")], timeout=240, env=env)
     assert one_node.returncode == 0 and "nodes: " not in one_node.output, one_node.output[-3000:]
+
+
+def test_the_md_header_names_the_inter_node_ghost_traffic(tmp_path):
+    """MD on simulated nodes: the header gives the ghost bytes that cross nodes (node-aware vs naive)."""
+    from hpcgpu.launch import run_mpi
+
+    command = [sys.executable, "-m", "apps.md", "--cells", "8", "--steps", "2", "--dims", "4,1,1"]
+    env = dict(os.environ, NUMBA_NUM_THREADS="1", HPCGPU_SIMULATE_NODES="2:cyclic")
+    simulated = run_mpi(4, command + ["--output", str(tmp_path / "simulated")], timeout=240, env=env)
+    assert simulated.returncode == 0, simulated.output[-3000:]
+    lines = [line for line in simulated.output.splitlines() if line.startswith("nodes: ")]
+    assert len(lines) == 1, simulated.output
+    # 4 sub-boxes in a periodic ring along x, dealt cyclically over 2 nodes: the node-aware layout keeps
+    # two neighbours on each node, so half the naive layout's ghost bytes cross nodes.
+    assert "node-aware layout 1x1x4 (z, y, x)" in lines[0] and "vs" in lines[0], lines[0]
+
+
+def test_ghost_traffic_counts_one_ghost_width_of_atoms_per_face():
+    """The ghost-width grid: 4 x 4 x 4 cells of 32 atoms; 4 sub-boxes along x on 2 nodes."""
+    from hpcgpu.particles.node_traffic import ghost_cells
+
+    box, width = (13.4368,) * 3, 2.8
+    assert ghost_cells(box, (4, 1, 1), width) == (4, 4, 4)
+    assert ghost_cells((3.0, 30.0, 30.0), (4, 1, 1), width) == (10, 10, 4)   # at least one cell per sub-box
+    nodes = np.array([[[0, 0, 1, 1]]])
+    intra, inter = halo_bytes((1, 1, 4), (4, 4, 4), 1, 768, nodes, periodic=True, corners=False)
+    # Faces only: each rank sends one 4 x 4-cell face each way; 2 of the 4 ring links cross nodes.
+    assert (intra, inter) == (2 * 2 * 16 * 768, 2 * 2 * 16 * 768)
