@@ -199,8 +199,6 @@ def on_stream(stream):
 
 def cpu_threads_per_rank(comm) -> int:
     """CPU threads each rank may use: its allowed CPUs shared evenly by the ranks of its node."""
-    import os
-
     return max(1, len(os.sched_getaffinity(0)) // max(1, comm.local_size))
 
 
@@ -211,8 +209,6 @@ def _cpu(comm, reason: str) -> CPU:
     (several ranks each starting one thread per core) those barriers make kernels 10-100x slower.
     ``NUMBA_NUM_THREADS`` set by the user wins.
     """
-    import os
-
     threads = cpu_threads_per_rank(comm)
     if "NUMBA_NUM_THREADS" not in os.environ:
         import numba

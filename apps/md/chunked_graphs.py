@@ -9,10 +9,13 @@ The one-GPU driver (:class:`apps.md.resident.ResidentSteps`) and the slab driver
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from hpcgpu.arch import on_stream
 from hpcgpu.runtime.capture import capture_graph
+from hpcgpu.runtime import graph_conditional
+from hpcgpu.runtime.graph_conditional import SkipUnless
 
 from .watch import NOT_EXCEEDED
 
@@ -31,8 +34,6 @@ def rebuild_skip(stream, watch):
     """What a chunk captured on ``stream`` wraps its [flag] kernels in: IF nodes that run only when the
     rebuild flag ``watch[0]`` is raised, or plain launches (``stream`` None: outside a capture, or
     conditionals off). See :class:`hpcgpu.runtime.graph_conditional.SkipUnless`."""
-    from hpcgpu.runtime.graph_conditional import SkipUnless
-
     return SkipUnless(stream, watch, NOT_EXCEEDED)
 
 
@@ -40,8 +41,6 @@ def graph_conditionals_here() -> bool:
     """Whether captures put [flag] kernels into IF nodes: asked for and working on this GPU (call it before
     a capture: the first call launches a small test graph)."""
     import cupy
-
-    from hpcgpu.runtime import graph_conditional
 
     return bool(GRAPH_CONDITIONALS) and graph_conditional.works(cupy.cuda.Device().id)
 
@@ -124,6 +123,4 @@ class ChunkedGraphSteps:
 
 
 def _phase(timers, name):
-    import contextlib
-
     return contextlib.nullcontext() if timers is None else timers.phase(name)

@@ -49,14 +49,16 @@ import numpy as np
 
 from hpcgpu.errors import ConfigurationError
 
+from . import forces, integrate, watch
 from ._arrays import THREADS_PER_BLOCK, blocks_for, raw_kernel
 from .cells import make_cell_grid
 from .chunked_graphs import DEFAULT_CHUNK, ChunkedGraphSteps, _phase, graph_conditionals_here, rebuild_skip
-from .forces import lanes_per_atom
+from .forces import compute_forces_periodic, lanes_per_atom
+from .integrate import langevin_forces, velocity_verlet_second_half
 from .neighbors import GROWTH, NeighborList
 from .resident_kernels import _CUDA_SOURCE, _NAMES, _kernel
 from .slab_plan import slab_problems
-from .watch import NOT_EXCEEDED
+from .watch import NOT_EXCEEDED, first_half_and_watch
 
 #: Control words on the device: builds so far, largest neighbour count, largest cell count.
 _BUILDS, _NEIGHBORS_NEEDED, _CELL_NEEDED = range(3)
@@ -196,8 +198,6 @@ class ResidentSteps(ChunkedGraphSteps):
     def energy(self, state, forces) -> None:
         """Per-atom E_pair and W of the current positions (into ``state.per_atom_energy``); forces into
         ``forces`` (a scratch array: the state's forces may carry Langevin terms)."""
-        from .forces import compute_forces_periodic
-
         self.settle(state)
         compute_forces_periodic(state.positions, state.types, state.neighbor_list, state.pair_table, forces,
                                 self.box, per_atom=self.per_atom, lanes=self.lanes)
@@ -211,8 +211,6 @@ class ResidentSteps(ChunkedGraphSteps):
     # -- kernels -----------------------------------------------------------------------------------
     def _load_kernels(self, dtype) -> None:
         """Compile and load every kernel a graph holds now: no module loading while a stream captures."""
-        from . import forces, integrate, watch
-
         real = "float" if np.dtype(dtype) == np.float32 else "double"
         for name in _NAMES:
             if "<" not in name or name.endswith(f"<{real}>"):
@@ -249,10 +247,6 @@ class ResidentSteps(ChunkedGraphSteps):
 
     def _record_step(self, energy: bool) -> None:
         """Queue one whole step of the state taken over (the chain in the module docstring)."""
-        from .forces import compute_forces_periodic
-        from .integrate import langevin_forces, velocity_verlet_second_half
-        from .watch import first_half_and_watch
-
         config, state = self.config, self._state
         _kernel("md_resident_begin")((blocks_for(max(self.n_cells, 1)),), (THREADS_PER_BLOCK,),
                                      (self.counter, self.watch, self.cell_count, np.int32(self.n_cells)))

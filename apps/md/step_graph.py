@@ -27,9 +27,14 @@ from __future__ import annotations
 import numpy as np
 
 from hpcgpu.arch import on_stream
+from hpcgpu.particles import device_ghosts
 from hpcgpu.runtime.capture import capture_graph
 
+from . import forces, integrate, watch
 from ._arrays import raw_kernel
+from .forces import compute_forces
+from .integrate import langevin_forces, velocity_verlet_second_half
+from .watch import first_half_and_watch
 
 _CUDA_SOURCE = r"""
 extern "C" __global__ void md_advance_step(long long* counter) {
@@ -63,10 +68,6 @@ class StepGraphs:
 
     def __init__(self, dtype):
         import cupy
-
-        from hpcgpu.particles import device_ghosts
-
-        from . import forces, integrate, watch
 
         self.counter = cupy.zeros(1, dtype=cupy.int64)
         self._counter_step = 0
@@ -111,8 +112,6 @@ class StepGraphs:
 
     def first_half(self, state, dt: float, watch) -> None:
         """Advance the counter to ``state.step + 1`` and run the first half + watch (graph)."""
-        from .watch import first_half_and_watch
-
         reference = state.neighbor_list.reference_positions
         arrays = (state.positions, state.velocities, state.forces, state.masses, reference, watch.values)
         key = ("first", float(dt), float(watch.threshold_sq), state.n_local, state.positions.shape[0],
@@ -129,9 +128,6 @@ class StepGraphs:
 
     def second_half(self, state, config) -> None:
         """Ghost refresh, forces (no energy), Langevin and second half kick for step ``state.step`` (graph)."""
-        from .forces import compute_forces
-        from .integrate import langevin_forces, velocity_verlet_second_half
-
         ghosts, neighbor_list = state.ghosts, state.neighbor_list
         arrays = (state.positions, state.types, neighbor_list.neighbors, neighbor_list.counts, state.pair_table,
                   state.forces, state.velocities, state.masses, state.atom_ids, ghosts.gather_source,

@@ -41,6 +41,8 @@ import shutil
 import threading
 from pathlib import Path
 
+from hpcgpu.checkpoint import identity, layout
+
 #: Environment variable for test-only fault injection: ``POINT`` or ``POINT:RANK`` (see :func:`fault_point`).
 FAULT_VARIABLE = "HPCGPU_CHECKPOINT_FAULT"
 #: Exit code of a process killed by an injected fault.
@@ -242,8 +244,6 @@ def publish_checkpoint(temporary: Path, final: Path, keep: int, run_id: str | No
     FileExistsError
         ``final`` holds a checkpoint of another run (the new one stays at ``temporary``).
     """
-    from hpcgpu.checkpoint import identity, layout
-
     temporary, final = Path(temporary), Path(final)
     directory = final.parent
     recover_replaced(directory)

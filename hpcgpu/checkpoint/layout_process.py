@@ -43,6 +43,11 @@ import warnings
 import weakref
 from pathlib import Path
 
+from hpcgpu.checkpoint import filesystem, writer
+from hpcgpu.checkpoint.filesystem import FAULT_VARIABLE, fault_point
+from hpcgpu.checkpoint.writer import MasterContent
+from hpcgpu.errors import CheckpointError
+
 #: ``0`` (or ``false``, ``no``, ``off``) keeps the h5py layout of asynchronous saves in-process.
 ENVIRONMENT_VARIABLE = "HPCGPU_CHECKPOINT_LAYOUT_PROCESS"
 #: Seconds to wait for one reply of the helper before giving up on it.
@@ -151,8 +156,6 @@ def serve(descriptor: int) -> None:
     channel = _Channel(socket.socket(fileno=descriptor))
     import h5py  # noqa: F401 - imported now, so that the first request is fast
 
-    from hpcgpu.checkpoint import filesystem, writer
-
     try:
         channel.send(("ready", os.getpid()))
         while True:
@@ -250,8 +253,6 @@ class LayoutProcess:
         """Have :func:`~hpcgpu.checkpoint.writer.write_master_file` run in the helper, sent with the
         next :meth:`lay_out_rank_file` (or by :meth:`master_file_written`); no data but the
         replicated state is sent."""
-        from hpcgpu.checkpoint.writer import MasterContent
-
         content = MasterContent(step=int(snapshot.step), metadata=snapshot.metadata, replicated=snapshot.replicated)
         self._master = ("master-file", {"path": str(path), "snapshot": content, "index": index, "app": app,
                                         "n_ranks": n_ranks, "provenance": provenance})
@@ -286,8 +287,6 @@ class LayoutProcess:
         return reply is not _Unavailable
 
     def _request(self, parts: list):
-        from hpcgpu.checkpoint.filesystem import FAULT_VARIABLE
-
         with self._lock:
             if self.failure is not None:
                 return _Unavailable
@@ -337,9 +336,6 @@ class LayoutProcess:
         if reply[0] == "ok":
             return reply[1]
         if reply[0] == "fault":  # the helper stopped at an injected fault: so does this rank
-            from hpcgpu.checkpoint.filesystem import fault_point
-            from hpcgpu.errors import CheckpointError
-
             fault_point(reply[1], reply[2])
             raise CheckpointError(f"the layout process stopped at injected fault {reply[1]!r}")
         error, helper_traceback = reply[1], reply[2]

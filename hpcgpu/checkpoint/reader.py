@@ -19,6 +19,7 @@ import numpy as np
 
 from hpcgpu.checkpoint import identity, layout
 from hpcgpu.checkpoint.integrity import find_bad_tiles
+from hpcgpu.checkpoint.replicated import ReplicatedValueError, read_replicated
 from hpcgpu.errors import CheckpointError
 
 
@@ -195,8 +196,6 @@ def _optional_json(handle, name: str) -> dict | None:
 
 def read_replicated_state(info: CheckpointInfo) -> dict:
     """The replicated state of a checkpoint (every value's CRC32 verified)."""
-    from hpcgpu.checkpoint.replicated import ReplicatedValueError, read_replicated
-
     with _open(info.master_file) as handle:
         if "replicated" not in handle:
             raise CheckpointError(f"{info.master_file}: group 'replicated' is missing")

@@ -37,6 +37,8 @@ import contextlib
 import ctypes
 import functools
 
+import numpy as np
+
 from hpcgpu.arch import on_stream
 from hpcgpu.runtime.capture import capture_graph
 
@@ -215,7 +217,6 @@ def set_condition_unless(handle: int, word, value: int) -> None:
     value : int
     """
     import cupy
-    import numpy as np
 
     _unless_kernel(cupy.cuda.Device().id)((1,), (1,), (np.uint64(handle), word, np.int32(value)))
 
@@ -263,7 +264,6 @@ def works(device_id: int = -1) -> bool:
         return False
     try:
         import cupy
-        import numpy as np
 
         word, counter = cupy.zeros(1, dtype=cupy.int32), cupy.zeros(1, dtype=cupy.int32)
         add = cupy.ElementwiseKernel("", "int32 c", "c += 1", "hpcgpu_conditional_probe_add")
