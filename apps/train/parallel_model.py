@@ -17,8 +17,9 @@ the data-parallel models:
   layout and master dtype, so a 1 x 2 x 1 run and a 1 x 1 x 1 run of the same ``MLPSpec`` compare
   (they agree to rounding, ~1e-16 relative per step, not bitwise: see docs/parallelism.md).
 
-No checkpoints yet: :func:`apps.train.app.check_split_model` refuses ``--checkpoint-every``,
-``--restart`` and ``--wall-time-limit`` because the optimiser state of the shards is not gathered.
+Checkpoints hold the unsplit model (parameters and optimiser state in the one-process layout,
+:mod:`apps.train.sharded_checkpoint`): a restart on the same grid continues bitwise, one on another
+grid (other T, P or D) continues the same training to rounding.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ from __future__ import annotations
 import numpy as np
 
 from hpcgpu.app.checksum import hash_arrays
-from hpcgpu.errors import ConfigurationError
 
 from ._backend import to_numpy
 from .data import shard_bounds
 from .distributed import replicas_identical
+from .sharded_checkpoint import parallel_checkpoint_payload, restore_parallel_checkpoint
 from .training_run import TrainingRun
 
 
@@ -105,9 +106,22 @@ class ParallelTrainingModel(TrainingRun):
 
     # ------------------------------------------------------------------ checkpoint / restart
     def checkpoint_state(self) -> dict:
-        # check_split_model refuses every flag that saves one; a stop signal still lands here
-        raise ConfigurationError("checkpoints of --model residual-mlp are not supported yet: the optimiser "
-                                 "state of the tensor and pipeline shards is not gathered")
+        """Collective: the unsplit parameters and optimiser state (:mod:`apps.train.sharded_checkpoint`)."""
+        return parallel_checkpoint_payload(self.runner, self.history, self.options.model)
+
+    def load_checkpoint(self, control) -> int | None:
+        """Collective: load ``--restart`` onto this run's grid (any grid: the checkpoint holds the
+        unsplit model); the schedule rules of :func:`apps.train.checkpointing.check_schedule` apply."""
+        options = self.options
+        loud = self.comm.rank == 0 and not options.quiet
+
+        def load(manager, which):
+            self.history.update(restore_parallel_checkpoint(
+                manager, which, self.runner, options.model, steps=options.steps,
+                reschedule=options.reschedule, note_fn=print if loud else None))
+            return self.runner.state.step
+
+        return control.restore_with(load)
 
     # ------------------------------------------------------------------ results
     def diagnostics(self) -> dict:

@@ -26,8 +26,9 @@ One optimiser step (:meth:`ParallelTrainer.step`):
 
 Every rank's initial shard is cut from the unsplit model's initialisation for the seed
 (:func:`init_parallel_parameters`), so any D x T x P grid trains the model of one process to
-rounding. :meth:`ParallelTrainer.evaluate` runs a split model forward only. Not supported with it
-yet: ZeRO-1, checkpoints, GPU point-to-point (NCCL).
+rounding. :meth:`ParallelTrainer.evaluate` runs a split model forward only. Checkpoints:
+:mod:`apps.train.sharded_checkpoint` (the unsplit model, restartable on any grid). Not supported
+yet: ZeRO-1, GPU point-to-point (NCCL).
 """
 
 import contextlib
