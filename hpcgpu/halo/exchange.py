@@ -11,8 +11,21 @@ every time step::
 All fields of one exchange travel in one message per neighbour. A message holding a single field
 whose region is contiguous in memory (for example whole rows of a 2D field without x ghosts) is sent
 straight from the field without packing. A rank that is its own neighbour (a periodic axis with one
-block) copies locally. Ghost cells beyond a non-periodic domain edge are left untouched: physical
-boundary conditions are the application's job, after ``wait()``.
+block) copies locally.
+
+Ghost cells beyond a non-periodic domain edge are the physical boundary: with ``boundary_conditions``
+(one :class:`~hpcgpu.halo.boundaries.BoundaryConditions` per field, see :mod:`hpcgpu.halo.boundaries`)
+``wait()`` fills them right after the neighbours' ghosts have arrived, so an edge block's corners are
+mirrors of valid ghosts and the application calls nothing else::
+
+    walls = free_slip_channel_walls()                  # (h, u, v) of a C grid, walls across y
+    pending = hpcgpu.exchange_halos([h, u, v], wait=False, boundary_conditions=walls)
+    update_interior(...)
+    pending.wait()                                     # neighbours' ghosts, then the walls
+
+On GPUs the boundary fills are elementwise kernels on the compute (current) stream after the
+exchange's completion event: no host synchronisation, capturable in a CUDA graph. Without
+``boundary_conditions`` (the default) ghosts beyond a non-periodic edge are left untouched.
 """
 
 from __future__ import annotations
@@ -23,6 +36,7 @@ from dataclasses import dataclass, field as dataclass_field
 import numpy as np
 
 from hpcgpu.errors import HaloError
+from hpcgpu.halo.boundaries import BoundaryFill, normalise_conditions
 from hpcgpu.halo.packing import indexed_copy
 from hpcgpu.halo.regions import directions, flat_indices, is_contiguous, region_slices
 from hpcgpu.transport import default_transport
@@ -63,6 +77,9 @@ class HaloExchange:
     graph : bool
         NCCL only: capture pack + send/recv + unpack once as a CUDA graph and replay it, which cuts
         the host cost of an exchange to a few microseconds (worth it for small messages).
+    boundary_conditions : sequence of BoundaryConditions or None, optional
+        One per field (None for a field without any): the physical ghosts ``wait()`` fills after
+        the exchange (:mod:`hpcgpu.halo.boundaries`). Default: none, those ghosts are left alone.
 
     Notes
     -----
@@ -70,7 +87,8 @@ class HaloExchange:
     scheme (two Field objects), never rebind ``field.data``.
     """
 
-    def __init__(self, fields, corners: bool = True, transport=None, graph: bool = False):
+    def __init__(self, fields, corners: bool = True, transport=None, graph: bool = False,
+                 boundary_conditions=None):
         fields = list(fields)
         if not fields:
             raise HaloError("exchange_halos needs at least one field")
@@ -92,6 +110,9 @@ class HaloExchange:
                         f"extent {grid.min_extent(axis)} of {grid}: expected width <= extent. Use fewer "
                         "ranks along that axis (dims), a larger grid, or a smaller halo_width."
                     )
+        # Checked before any collective: a bad declaration raises the same error on every rank.
+        #: The physical boundary fills of this block (empty where it touches no declared edge).
+        self.boundary_fill = BoundaryFill.for_fields(fields, normalise_conditions(boundary_conditions, len(fields)))
         if transport is None:
             transport = default_transport(grid.comm, arch)   # the job's choice (collective on first use)
         self.fields, self.grid, self.arch, self.transport = fields, grid, arch, transport
@@ -200,38 +221,52 @@ class HaloExchange:
             # Every GPU transport orders itself after the compute stream: the kernels that produced
             # the fields must be there, or packing races with them.
             self.arch.check_compute_stream("a halo exchange")
-        return PendingExchange(self.transport.start(self))
+        return PendingExchange(self.transport.start(self), self.boundary_fill or None)
 
     def run(self) -> None:
-        """Exchange and wait."""
-        self.transport.start(self).wait()
+        """Exchange and wait (boundary conditions included)."""
+        PendingExchange(self.transport.start(self), self.boundary_fill or None).wait()
 
 
 class PendingExchange:
-    """An exchange in flight. ``wait()`` makes the ghost cells valid (on GPUs: for the compute stream)."""
+    """An exchange in flight. ``wait()`` makes the ghost cells valid (on GPUs: for the compute stream).
 
-    __slots__ = ("_handle",)
+    ``wait()`` completes the transport's messages, then fills the physical boundary ghosts (if the
+    exchange has boundary conditions); a second ``wait()`` does nothing.
+    """
 
-    def __init__(self, handle):
-        self._handle = handle
+    __slots__ = ("_handle", "_boundary_fill")
+
+    def __init__(self, handle, boundary_fill=None):
+        self._handle, self._boundary_fill = handle, boundary_fill
 
     def wait(self) -> None:
         if self._handle is not None:
             self._handle.wait()
             self._handle = None
+        if self._boundary_fill is not None:
+            # After the transport's wait: on GPUs the compute (current) stream now waits for the
+            # unpack, so these fills read neighbour ghosts that have arrived.
+            self._boundary_fill.apply()
+            self._boundary_fill = None
 
 
-def _plan_for(fields, corners, transport, graph=False) -> HaloExchange:
+def _plan_for(fields, corners, transport, graph=False, boundary_conditions=None) -> HaloExchange:
     owner = fields[0]
+    conditions = normalise_conditions(boundary_conditions, len(fields))
     key = (tuple(id(f) for f in fields), corners, id(transport), graph)
+    if any(c is not None for c in conditions):
+        key += (conditions,)   # no conditions: the key (and plan) of before
     plan = owner._halo_plans.get(key)
     if plan is None:
-        plan = HaloExchange(fields, corners=corners, transport=transport, graph=graph)
+        plan = HaloExchange(fields, corners=corners, transport=transport, graph=graph,
+                            boundary_conditions=conditions)
         owner._halo_plans[key] = plan
     return plan
 
 
-def exchange_halos(fields, wait: bool = True, corners: bool = True, transport=None, graph: bool = False):
+def exchange_halos(fields, wait: bool = True, corners: bool = True, transport=None, graph: bool = False,
+                   boundary_conditions=None):
     """Fill the ghost cells of ``fields`` from their neighbours (one message per neighbour).
 
     Parameters
@@ -245,6 +280,9 @@ def exchange_halos(fields, wait: bool = True, corners: bool = True, transport=No
         Override the job's default transport (see :mod:`hpcgpu.transport`).
     graph : bool
         Replay the exchange as a CUDA graph (NCCL transport; see :class:`HaloExchange`).
+    boundary_conditions : BoundaryConditions or sequence of them, optional
+        One per field (None entries allowed; a single one for a single field): the physical ghosts
+        to fill after the exchange, see :mod:`hpcgpu.halo.boundaries`. Default: left untouched.
 
     Returns
     -------
@@ -252,7 +290,7 @@ def exchange_halos(fields, wait: bool = True, corners: bool = True, transport=No
     """
     if not isinstance(fields, (list, tuple)):
         fields = [fields]
-    pending = _plan_for(list(fields), corners, transport, graph).start()
+    pending = _plan_for(list(fields), corners, transport, graph, boundary_conditions).start()
     if wait:
         pending.wait()
         return None
