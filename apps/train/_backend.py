@@ -12,6 +12,42 @@ import numpy as np
 
 from hpcgpu.arch import array_module  # noqa: F401 - re-exported for the training kernels
 from hpcgpu.arch import is_device_array as is_cupy  # the one "is this a CuPy array?" test
+from hpcgpu.errors import ConfigurationError
+
+#: 16-bit floating-point storage dtypes whose arithmetic runs in float32 ("opmath").
+HALF_DTYPE_NAMES = ("float16", "bfloat16")
+
+
+def bfloat16_dtype():
+    """NumPy's bfloat16 dtype (from ``ml_dtypes``: 8 exponent bits, 7 mantissa bits).
+
+    Raises
+    ------
+    ConfigurationError
+        When ``ml_dtypes`` is not installed.
+    """
+    try:
+        import ml_dtypes
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"bf16 needs the ml_dtypes package ({exc}); install it with `pip install ml_dtypes` "
+            "(it is a dependency of hpcgpu: `pip install -e .` installs it)") from exc
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def is_bfloat16(dtype):
+    """True for ``ml_dtypes.bfloat16`` (tested by name: no import of ml_dtypes needed)."""
+    return np.dtype(dtype).name == "bfloat16"
+
+
+def is_half(dtype):
+    """True for the 16-bit float storage dtypes (float16, bfloat16)."""
+    return np.dtype(dtype).name in HALF_DTYPE_NAMES
+
+
+def upcast_half(array):
+    """``array`` as float32 when it is float16/bfloat16 (the arithmetic type), else itself."""
+    return array.astype(np.float32) if is_half(array.dtype) else array
 
 
 def to_numpy(array):
@@ -22,7 +58,7 @@ def to_numpy(array):
 
 
 def check_float_array(array, name, ndim=None):
-    """Validate that ``array`` is a floating-point NumPy/CuPy array.
+    """Validate that ``array`` is a floating-point NumPy/CuPy array (bfloat16 counts as one).
 
     Raises
     ------
@@ -36,7 +72,7 @@ def check_float_array(array, name, ndim=None):
             f"{name}: expected a NumPy or CuPy array, found {type(array).__name__}; "
             "convert it with xp.asarray first"
         )
-    if array.dtype.kind != "f":
+    if array.dtype.kind != "f" and not is_bfloat16(array.dtype):
         raise TypeError(
             f"{name}: expected a floating-point array, found dtype {array.dtype}; "
             "cast it with .astype(float32) (or float64 for gradient checks)"

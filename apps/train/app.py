@@ -32,6 +32,7 @@ from .models import large_mlp, mnist1d_cnn, mnist1d_mlp
 from .parallel_grid import make_grid
 from .parallel_model import ParallelTrainingModel
 from .parallel_training import ParallelTrainer
+from .precision import PRECISIONS
 from .simulation_model import Evaluation, TrainingModel
 from .training_run import launch_bound_note  # noqa: F401 - re-exported (tests import it from here)
 from .tensor_parallel import MLPSpec
@@ -105,8 +106,9 @@ def build_parser(rank: int = 0):
     optim.add_argument("--accum-steps", type=positive_int, default=1, metavar="K",
                        help="gradient accumulation: K micro-steps per optimiser step, no communication "
                             "before the last [1]")
-    optim.add_argument("--precision", choices=("fp32", "fp16", "fp64"), default="fp32",
-                       help="fp16: mixed precision (fp32 masters, dynamic loss scaling); fp64 for testing [fp32]")
+    optim.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                       help="fp16: mixed precision (fp32 masters, dynamic loss scaling); bf16: mixed precision "
+                            "(fp32 masters, no loss scaling; CPU only for now); fp64 for testing [fp32]")
     optim.add_argument("--loss-scale", type=float, default=2.0**16, help="fp16: initial loss scale [65536]")
     par = parser.add_argument_group("parallelism")
     par.add_argument("--zero", type=int, choices=(0, 1), default=0,
@@ -180,6 +182,12 @@ def resolve_options(options, comm) -> FrozenOptions:
         raise ConfigurationError(f"--bucket-mb must be positive, got {options.bucket_mb}")
     if not options.loss_scale >= 1:
         raise ConfigurationError(f"--loss-scale must be >= 1, got {options.loss_scale}")
+    if options.precision == "bf16" and uses_split_model(options):
+        raise ConfigurationError(
+            "--precision bf16 is not supported with --model residual-mlp (the tensor/pipeline-parallel "
+            "trainer) yet; use --precision fp32 or fp16 there, or bf16 with --model mlp, cnn or large-mlp")
+    if options.precision == "bf16" and options.backend == "cupy":
+        raise ConfigurationError(_BF16_GPU)
     check_split_model(options, comm.size)
     # the backend is not chosen yet: "auto" leaves the GPU check to make_sync
     check_allreduce(comm, options.allreduce, is_gpu={"cupy": True, "numpy": False}.get(options.backend),
@@ -196,6 +204,10 @@ def resolve_options(options, comm) -> FrozenOptions:
         if problem is not None:
             raise ConfigurationError(problem)
     return options
+
+
+_BF16_GPU = ("--precision bf16 runs on the CPU only for now (CuPy has no bfloat16 dtype and the GPU "
+             "kernels do not take bfloat16 yet); use --precision fp16 on the GPU, or --backend numpy")
 
 
 def uses_split_model(options) -> bool:
@@ -358,6 +370,9 @@ def run(options, comm) -> dict:
     with nccl_channel_limit(config.nccl_channels):
         arch = setup_architecture(comm, config)   # arch.auto, then the job's transport (--transport)
         check_allreduce(comm, config.allreduce, is_gpu=arch.is_gpu, zero_stage=config.zero)   # --backend auto
+        if config.precision == "bf16" and arch.is_gpu:
+            # arch.auto chose the backend on every rank together: every rank raises the same message
+            raise ConfigurationError(_BF16_GPU)
         output = prepare_output(comm, arch, config)   # checks every output path first; OUTPUT/environment.json
         data = load_data(config, comm)
         if config.batch_size > data.source.n_samples:

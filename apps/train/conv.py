@@ -7,19 +7,33 @@ a reduction over the kernel axis; backward goes through the adjoint
 :func:`apps.train.im2col.col2im`.
 """
 
-from ._backend import array_module
+import numpy as np
+
+from ._backend import array_module, is_bfloat16, is_half
 from .im2col import col2im, conv_output_length, im2col
 from .layers import Layer
 from .params import ParamSpec
 
 
 def _col2im_any_dtype(cols, length, kernel_size, stride, padding):
-    """col2im in float32 for float16 columns (the kernel adds, float16 would lose bits)."""
-    xp = array_module(cols)
-    if cols.dtype == xp.float16:
-        return col2im(cols.astype(xp.float32), length, kernel_size, stride, padding).astype(
-            xp.float16)
+    """col2im in float32 for float16/bfloat16 columns (the kernel adds, 16 bits would lose bits)."""
+    if is_half(cols.dtype):
+        return col2im(cols.astype(np.float32), length, kernel_size, stride, padding).astype(
+            cols.dtype)
     return col2im(cols, length, kernel_size, stride, padding)
+
+
+def _product(a, b):
+    """``a @ b``; bfloat16 operands are multiplied in float32 and the product rounded once
+    (NumPy's bfloat16 matmul would return float32)."""
+    if is_bfloat16(a.dtype):
+        return (a.astype(np.float32) @ b.astype(np.float32)).astype(a.dtype)
+    return a @ b
+
+
+def _add_into(target, addend_float32):
+    """``target += addend`` with the sum in float32 and one rounding (bfloat16 targets); returns None."""
+    target[...] = target.astype(np.float32) + addend_float32
 
 
 class Conv1d(Layer):
@@ -65,7 +79,7 @@ class Conv1d(Layer):
         self._saved_cols = cols
         self._saved_length = int(x.shape[2])
         weight_2d = self.params["weight"].reshape(self.out_channels, -1)
-        y = cols @ weight_2d.T                          # (batch, out_length, out_channels)
+        y = _product(cols, weight_2d.T)                 # (batch, out_length, out_channels)
         if self.use_bias:
             y += self.params["bias"]
         return xp.ascontiguousarray(y.transpose(0, 2, 1))
@@ -75,10 +89,19 @@ class Conv1d(Layer):
         batch, out_length, width = cols.shape
         grad_rows = grad_out.transpose(0, 2, 1).reshape(batch * out_length, self.out_channels)
         cols_2d = cols.reshape(batch * out_length, width)
+        weight_2d = self.params["weight"].reshape(self.out_channels, -1)
+        if is_bfloat16(grad_rows.dtype):
+            rows_32 = grad_rows.astype(np.float32)
+            _add_into(self.grads["weight"], (rows_32.T @ cols_2d.astype(np.float32)).reshape(
+                self.grads["weight"].shape))
+            if self.use_bias:
+                _add_into(self.grads["bias"], rows_32.sum(axis=0))
+            grad_cols = _product(grad_rows, weight_2d).reshape(batch, out_length, width)
+            return _col2im_any_dtype(grad_cols, self._saved_length, self.kernel_size,
+                                     self.stride, self.padding)
         self.grads["weight"] += (grad_rows.T @ cols_2d).reshape(self.grads["weight"].shape)
         if self.use_bias:
             self.grads["bias"] += grad_rows.sum(axis=0)
-        weight_2d = self.params["weight"].reshape(self.out_channels, -1)
         grad_cols = (grad_rows @ weight_2d).reshape(batch, out_length, width)
         return _col2im_any_dtype(grad_cols, self._saved_length, self.kernel_size,
                                  self.stride, self.padding)
@@ -143,7 +166,9 @@ class AvgPool1d(_Pool1d):
 
     def forward(self, x, ctx):
         xp = array_module(x)
-        y = self._windows(x).mean(axis=-1, dtype=x.dtype)
+        # bfloat16: the mean in float32, rounded once
+        accumulate = np.float32 if is_bfloat16(x.dtype) else x.dtype
+        y = self._windows(x).mean(axis=-1, dtype=accumulate).astype(x.dtype, copy=False)
         return xp.ascontiguousarray(y.transpose(0, 2, 1))
 
     def backward(self, grad_out):

@@ -18,14 +18,15 @@ gradient) and one write, 16-byte vector loads and stores (4 float32 / 8 float16
 per access) when the buffers are aligned, arithmetic in float32 for float16 and
 float32 data (float64 for float64), instead of the ~10 array expressions (each a
 full pass over memory) of the NumPy formulation. CPU: the NumPy expressions, which
-are also the reference of the GPU parity tests.
+are also the reference of the GPU parity tests; bfloat16 (CPU only) is computed in
+float32 and rounded once, as the GPU kernels do for float16.
 """
 
 import functools
 
 import numpy as np
 
-from ._backend import array_module, check_float_array, is_cupy
+from ._backend import array_module, check_float_array, is_bfloat16, is_cupy
 from ._cuda_source import CUDA_HELPERS, GELU_FUNCTIONS, STORAGE_TYPES, VECTOR_WIDTH
 
 SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
@@ -37,7 +38,7 @@ def gelu_forward(x, bias=None):
 
     Parameters
     ----------
-    x : ndarray of float16, float32 or float64 (NumPy or CuPy)
+    x : ndarray of float16, bfloat16 (NumPy), float32 or float64 (NumPy or CuPy)
     bias : ndarray, shape (x.shape[-1],), dtype of ``x``, optional
         Added along the last axis before the activation.
     """
@@ -47,9 +48,12 @@ def gelu_forward(x, bias=None):
         return _gelu_cupy(x, None, bias)
     xp = array_module(x)
     if bias is not None:
-        x = x + bias
+        x = x + bias            # rounded to the storage dtype, as the GPU kernels do
+    out_dtype = x.dtype
+    if is_bfloat16(out_dtype):
+        x = x.astype(np.float32)
     inner = SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x)
-    return (0.5 * x * (1.0 + xp.tanh(inner))).astype(x.dtype, copy=False)
+    return (0.5 * x * (1.0 + xp.tanh(inner))).astype(out_dtype, copy=False)
 
 
 def gelu_backward(x, grad_out, bias=None):
@@ -82,10 +86,13 @@ def gelu_backward(x, grad_out, bias=None):
     xp = array_module(grad_out)
     if bias is not None:
         x = x + bias
+    out_dtype = grad_out.dtype
+    if is_bfloat16(out_dtype) or is_bfloat16(x.dtype):
+        x, grad_out = x.astype(np.float32), grad_out.astype(np.float32)
     tanh_inner = xp.tanh(SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x))
     d_inner = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * x * x)
     derivative = 0.5 * (1.0 + tanh_inner) + 0.5 * x * (1.0 - tanh_inner * tanh_inner) * d_inner
-    return (grad_out * derivative).astype(grad_out.dtype, copy=False)
+    return (grad_out * derivative).astype(out_dtype, copy=False)
 
 
 def _check_bias(x, bias, function_name):

@@ -11,6 +11,9 @@ defaults): float16 operands -> ``CUBLAS_COMPUTE_32F`` (tensor cores, float32
 accumulation, as ``torch.autocast``); float32 -> ``CUBLAS_COMPUTE_32F`` (plain
 IEEE float32, no TF32 -- ``torch.backends.cuda.matmul.allow_tf32`` is False by
 default and the benchmark keeps it so); float64 -> ``CUBLAS_COMPUTE_64F``.
+bfloat16 (CPU only for now, ``ml_dtypes.bfloat16``): the product, plus ``out``
+when accumulating, in float32, rounded to bfloat16 once -- what cuBLAS's
+``CUDA_R_16BF`` with ``CUBLAS_COMPUTE_32F`` computes.
 
 Row-major/column-major: cuBLAS is column-major, and a C-contiguous ``(r, c)``
 array is the column-major ``(c, r)`` matrix, its transpose. So ``out = A B``
@@ -20,9 +23,9 @@ array is the column-major ``(c, r)`` matrix, its transpose. So ``out = A B``
 
 import numpy as np
 
-from ._backend import check_float_array, is_cupy
+from ._backend import check_float_array, is_bfloat16, is_cupy
 
-_DTYPES = ("float16", "float32", "float64")
+_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def gemm(a, b, out, *, transpose_a=False, transpose_b=False, accumulate=False):
@@ -31,7 +34,7 @@ def gemm(a, b, out, *, transpose_a=False, transpose_b=False, accumulate=False):
     Parameters
     ----------
     a, b : ndarray, 2-D
-        Same backend and dtype (float16, float32 or float64) as ``out``.
+        Same backend and dtype (float16, bfloat16 (CPU), float32 or float64) as ``out``.
         ``op(a) = a.T`` when ``transpose_a`` (likewise for ``b``).
     out : ndarray, shape ``(op(a).shape[0], op(b).shape[1])``
         C-contiguous (e.g. a view of a flat gradient buffer); written in place.
@@ -59,6 +62,13 @@ def gemm(a, b, out, *, transpose_a=False, transpose_b=False, accumulate=False):
         return None
     op_a = a.T if transpose_a else a
     op_b = b.T if transpose_b else b
+    if is_bfloat16(out.dtype):
+        # float32 products and sum, one rounding to bfloat16 (cuBLAS 16BF data, 32F compute)
+        product = op_a.astype(np.float32) @ op_b.astype(np.float32)
+        if accumulate:
+            product += out.astype(np.float32)
+        out[...] = product
+        return None
     if accumulate:
         out += op_a @ op_b
     else:

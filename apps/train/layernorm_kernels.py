@@ -29,14 +29,14 @@ fixed-order sum of the per-block partials adds them into the gradient views. Lon
 rows use one block per row that re-reads the row from cache, and 64-row chunks for
 the parameter gradients. Statistics and sums in float32 (float64 for float64 data);
 deterministic, no atomics. CPU: the NumPy expressions (statistics in float32 for
-float16 input), which are also the reference of the GPU parity tests.
+float16 or bfloat16 input), which are also the reference of the GPU parity tests.
 """
 
 import functools
 
 import numpy as np
 
-from ._backend import array_module, check_float_array, is_cupy
+from ._backend import array_module, check_float_array, is_cupy, upcast_half
 from ._cuda_source import VECTOR_WIDTH, math_dtype
 from .gelu_kernels import gelu_backward, gelu_forward
 from .layernorm_cuda import ELEMENTS_PER_THREAD, MAX_THREADS, layer_norm_kernel
@@ -83,7 +83,7 @@ def layer_norm_forward(x, weight, bias, eps, input_bias=None, activation=None):
     xp = array_module(x)
     if input_bias is not None:
         x = x + input_bias
-    work = x.astype(xp.float32) if x.dtype == xp.float16 else x
+    work = upcast_half(x)
     mean = work.mean(axis=-1, keepdims=True)
     centred = work - mean
     variance = (centred * centred).mean(axis=-1, keepdims=True)
@@ -136,10 +136,9 @@ def layer_norm_backward(grad_out, x, mean, inverse_std, weight, grad_weight, gra
     if is_cupy(x) and grad_out.dtype == x.dtype and grad_bias.dtype == x.dtype:
         return _backward_cupy(grad_out, x, mean, inverse_std, weight, bias, grad_weight, grad_bias,
                               input_bias, activation)
-    xp = array_module(x)
     if input_bias is not None:
         x = x + input_bias
-    work = x.astype(xp.float32) if x.dtype == xp.float16 else x
+    work = upcast_half(x)
     normalised = (work - mean) * inverse_std    # bitwise the forward's x_hat
     if activation == "gelu":
         y = normalised * weight.astype(work.dtype, copy=False) + bias.astype(work.dtype, copy=False)

@@ -17,8 +17,9 @@ Contract of every layer
     Drops the saved tensors (used by activation recomputation).
 
 All layers work on NumPy and CuPy arrays alike through ``xp = array_module(x)``.
-Batch is always the leading axis. float16 inputs are supported; reductions whose
-accuracy matters (LayerNorm statistics) run in float32.
+Batch is always the leading axis. float16 and bfloat16 (CPU) inputs are supported;
+reductions whose accuracy matters (LayerNorm statistics; bfloat16 bias gradients) run
+in float32.
 """
 
 import functools
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._backend import array_module, is_cupy
+from ._backend import array_module, is_bfloat16, is_cupy
 from .gelu_kernels import gelu_backward, gelu_forward
 from .gemm import gemm
 from .layernorm_kernels import layer_norm_backward, layer_norm_forward
@@ -38,7 +39,8 @@ _GEMM_DTYPES = (np.float16, np.float32, np.float64)
 
 def _gemm_ready(x, weight):
     """True when the Linear products can go through :func:`apps.train.gemm.gemm`."""
-    return x.dtype == weight.dtype and x.dtype in _GEMM_DTYPES and x.ndim >= 1
+    return (x.dtype == weight.dtype and (x.dtype in _GEMM_DTYPES or is_bfloat16(x.dtype))
+            and x.ndim >= 1)
 
 
 @functools.lru_cache(maxsize=8)
@@ -217,6 +219,10 @@ class Linear(Layer):
                 # (a CuPy sum over axis 0 reads the batch with a stride of out_features)
                 gemm(_ones_row(grad_2d.shape[0], grad_2d.dtype), grad_2d,
                      self.grads["bias"].reshape(1, self.out_features), accumulate=True)
+            elif is_bfloat16(grad_2d.dtype):
+                # column sums in float32, one rounding (a bfloat16 running sum would lose the batch)
+                bias_grad = self.grads["bias"]
+                bias_grad[...] = bias_grad.astype(np.float32) + grad_2d.astype(np.float32).sum(axis=0)
             else:
                 self.grads["bias"] += grad_2d.sum(axis=0)
         if not need_input_grad:
@@ -280,7 +286,7 @@ class LayerNorm(Layer):
 
     ``y = (x - mean) / sqrt(var + eps) * weight + bias`` with the biased variance,
     ``weight`` initialised to 1 and ``bias`` to 0 (Ba, Kiros & Hinton 2016).
-    Statistics are computed in float32 when the input is float16.
+    Statistics are computed in float32 when the input is float16 or bfloat16.
 
     ``activation`` (``"gelu"``, set by :class:`apps.train.sequential.Sequential`
     when a :class:`GELU` follows): the layer returns ``gelu(y)`` from the same

@@ -20,7 +20,7 @@ import functools
 
 import numpy as np
 
-from ._backend import array_module, check_float_array, is_cupy
+from ._backend import array_module, check_float_array, is_cupy, upcast_half
 from ._cuda_source import CUDA_HELPERS, STORAGE_TYPES, math_dtype
 
 
@@ -30,7 +30,7 @@ def softmax_cross_entropy(logits, labels, global_batch_size, grad_scale=1.0):
     Parameters
     ----------
     logits : ndarray, shape (batch, n_classes)
-        Unnormalised scores (float16 logits are upcast to float32).
+        Unnormalised scores (float16/bfloat16 logits are upcast to float32).
     labels : ndarray of int, shape (batch,)
         Class indices in ``[0, n_classes)``, same backend as ``logits``.
     global_batch_size : int
@@ -69,7 +69,7 @@ def softmax_cross_entropy(logits, labels, global_batch_size, grad_scale=1.0):
         )
     if is_cupy(logits):
         return _softmax_cross_entropy_cupy(logits, labels, int(global_batch_size), float(grad_scale))
-    work = logits.astype(xp.float32) if logits.dtype == xp.float16 else logits
+    work = upcast_half(logits)
     shifted = work - work.max(axis=1, keepdims=True)
     log_normaliser = xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
     log_probs = shifted - log_normaliser

@@ -1,4 +1,4 @@
-"""Precision policies: plain fp32/fp64, or fp16 mixed precision with loss scaling.
+"""Precision policies: plain fp32/fp64, fp16 mixed precision with loss scaling, bf16 mixed precision.
 
 Mixed precision (Micikevicius et al. 2018)
 ------------------------------------------
@@ -15,7 +15,19 @@ Mixed precision (Micikevicius et al. 2018)
 * :class:`DynamicLossScaler` halves the scale and SKIPS the step when any gradient
   is inf/nan, and doubles it after ``growth_interval`` consecutive good steps.
 
-Both policies expose the same attributes, so the trainer does not branch on
+bf16 mixed precision (:class:`BFloat16Precision`)
+-------------------------------------------------
+The same fp32 masters and compute copy, in bfloat16 (8 exponent bits like
+float32, 7 mantissa bits): its range is float32's, so small gradients do not
+flush to zero and there is NO loss scaling (``loss_scale`` is 1, no step is
+skipped; a non-finite value is a divergence, caught by the run's NaN check as
+in fp32). Gradients are bfloat16 in ``compute_grads``; a data-parallel allreduce
+sums them in float32 (MPI has no bfloat16: they travel as float32 copies and
+the sum is rounded to bfloat16 once); :meth:`BFloat16Precision.grads_to_master`
+casts them to the fp32 ``master_grads`` that the optimiser reads. CPU only for
+now (NumPy arrays of ``ml_dtypes.bfloat16``; CuPy has no bfloat16 dtype).
+
+All policies expose the same attributes, so the trainer does not branch on
 precision. The inf/nan test is split the same way as gradient clipping: the
 caller computes a local flag/sum, may reduce it over ranks, then calls
 :meth:`update_scale`.
@@ -23,8 +35,43 @@ caller computes a local flag/sum, may reduce it over ranks, then calls
 
 import numpy as np
 
-from ._backend import array_module
+from hpcgpu.errors import ConfigurationError
+
+from ._backend import array_module, bfloat16_dtype, is_cupy
 from .buffer_kernels import scaled_copy
+
+#: The names :func:`make_precision` accepts (``--precision``).
+PRECISIONS = ("fp32", "fp16", "bf16", "fp64")
+
+
+def bfloat16_bits(values):
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest even, by integer arithmetic.
+
+    The formula of the GPU conversion (``store_math`` for bfloat16 storage): add
+    ``0x7FFF`` plus the lowest kept bit to the float32 pattern and keep the upper 16
+    bits -- ties go to the even pattern, values past the largest bfloat16 round to
+    inf, subnormals round like normal numbers (no flush to zero). NaN becomes the
+    quiet NaN ``0x7FC0`` with its sign (what ``ml_dtypes`` gives).
+
+    Parameters
+    ----------
+    values : ndarray of float32 (NumPy or CuPy)
+
+    Returns
+    -------
+    ndarray of uint16, shape of ``values``
+    """
+    xp = array_module(values)
+    bits = xp.ascontiguousarray(values, dtype=xp.float32).view(xp.uint32)
+    rounded = (bits + (xp.uint32(0x7FFF) + ((bits >> 16) & xp.uint32(1)))) >> 16
+    quiet_nan = ((bits >> 16) & xp.uint32(0x8000)) | xp.uint32(0x7FC0)
+    return xp.where(xp.isnan(values), quiet_nan, rounded).astype(xp.uint16)
+
+
+def bfloat16_bits_to_float32(bits):
+    """bfloat16 bit patterns (uint16) -> float32, exact: the pattern is the upper half of a float32."""
+    xp = array_module(bits)
+    return (xp.asarray(bits, dtype=xp.uint16).astype(xp.uint32) << 16).view(xp.float32)
 
 
 class DynamicLossScaler:
@@ -193,12 +240,72 @@ class MixedPrecision:
             {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)})
 
 
+class BFloat16Precision:
+    """fp32 master weights and a bfloat16 compute copy, without loss scaling.
+
+    Parameters
+    ----------
+    master_params : NumPy ndarray of float32, shape (n_params,)
+
+    Attributes
+    ----------
+    compute_params, compute_grads : ndarray of bfloat16, shape (n_params,)
+        What the layers read and where backward writes.
+    master_grads : ndarray of float32, shape (n_params,)
+        ``float32(compute_grads)``, filled by :meth:`grads_to_master`.
+
+    Raises
+    ------
+    ConfigurationError
+        For CuPy masters: the GPU has no bfloat16 path yet.
+    """
+
+    name = "bf16"
+    loss_scale = 1.0
+
+    def __init__(self, master_params):
+        if is_cupy(master_params):
+            raise ConfigurationError(
+                "--precision bf16 runs on the CPU only for now (CuPy has no bfloat16 dtype and the "
+                "GPU kernels do not take bfloat16 yet); use --precision fp16 on the GPU or --backend numpy")
+        xp = array_module(master_params)
+        if master_params.dtype != xp.float32:
+            raise TypeError(
+                f"BFloat16Precision: master weights must be float32, found {master_params.dtype}"
+            )
+        self.master_params = master_params
+        self.compute_params = master_params.astype(bfloat16_dtype())
+        self.compute_grads = xp.zeros_like(self.compute_params)
+        self.master_grads = xp.zeros_like(master_params)
+
+    def grads_to_master(self, lo=0, hi=None):
+        """``master_grads = float32(compute_grads)`` on ``[lo, hi)`` (exact); returns None."""
+        scaled_copy(self.compute_grads[lo:hi], self.master_grads[lo:hi], 1.0)
+
+    def update_scale(self, found_nonfinite):
+        """Always apply the step (no loss scaling: bfloat16 has float32's range)."""
+        return True
+
+    def refresh_compute_params(self):
+        """Round the masters to nearest even bfloat16 into the compute buffer (views stay valid)."""
+        self.compute_params[...] = self.master_params
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
 def make_precision(name, master_params, init_loss_scale=2.0**16, growth_interval=2000):
-    """Precision policy by name: ``"fp32"``/``"fp64"`` (full) or ``"fp16"`` (mixed)."""
+    """Precision policy by name: ``"fp32"``/``"fp64"`` (full), ``"fp16"`` (mixed, loss scaling)
+    or ``"bf16"`` (mixed, no loss scaling)."""
     if name in ("fp32", "fp64"):
         return FullPrecision(master_params)
     if name == "fp16":
         return MixedPrecision(master_params, "float16",
                               DynamicLossScaler(init_scale=init_loss_scale,
                                                 growth_interval=growth_interval))
-    raise ValueError(f"precision: expected 'fp32', 'fp64' or 'fp16', found {name!r}")
+    if name == "bf16":
+        return BFloat16Precision(master_params)
+    raise ValueError(f"precision: expected one of {PRECISIONS}, found {name!r}")

@@ -52,8 +52,9 @@ class TrainConfig:
     """Hyper-parameters of a run (all plain values, so a TOML file maps onto it).
 
     ``global_batch_size`` counts samples over all ranks and micro-batches of one
-    optimiser step. ``precision`` is ``"fp32"``, ``"fp64"`` (tests) or ``"fp16"``
-    (mixed precision with fp32 masters). ``clip_norm=None`` disables clipping.
+    optimiser step. ``precision`` is ``"fp32"``, ``"fp64"`` (tests), ``"fp16"``
+    (mixed precision with fp32 masters and loss scaling) or ``"bf16"`` (fp32 masters,
+    no loss scaling; CPU only for now). ``clip_norm=None`` disables clipping.
     ``total_steps=None`` keeps the learning rate constant after warm-up.
     """
 
@@ -83,7 +84,7 @@ class TrainState:
     ----------
     step : int
         Optimiser steps attempted so far (skipped overflow steps included).
-    precision : FullPrecision or MixedPrecision
+    precision : FullPrecision, MixedPrecision or BFloat16Precision
         Owns the flat master/compute parameter and gradient buffers.
     optimizer_state : dict of str -> ndarray
     """
