@@ -5,9 +5,17 @@ The same large MLP (``Linear(n_in, W)``, ``depth`` x ``[LayerNorm, GELU(tanh), L
 and the same optimiser (AdamW), at fp32 and fp16:
 
 * hpcgpu fp16 = fp16 compute copy, fp32 master weights, dynamic loss scaling, fp16 gradients
-  allreduced in 25 MB buckets during backward;
-* PyTorch fp16 = ``torch.autocast(float16)`` + ``GradScaler`` (fp32 weights; DDP allreduces fp32
-  gradients in 25 MB buckets during backward), PyTorch's standard mixed-precision recipe.
+  allreduced in 25 MB buckets during backward; hpcgpu bf16 = the same in bf16 without loss scaling;
+* PyTorch ``fp32`` = plain fp32 (TF32 off, as CuPy's GEMMs); ``fp16`` = ``torch.autocast(float16)`` +
+  ``GradScaler`` (fp32 weights; DDP allreduces fp32 gradients in 25 MB buckets during backward),
+  PyTorch's standard mixed-precision recipe; ``bf16`` = ``torch.autocast(bfloat16)``, no scaler;
+  ``fp16-pure`` = the like-for-like of ours: the model in fp16 (DDP allreduces fp16 gradients),
+  fp32 master weights under the fused AdamW, a loss scale of 2^12 (apex's "O2" recipe, by hand);
+* framework ``torch-compile`` = the same PyTorch runs with ``torch.compile`` of the model (the
+  compilation happens in the warm-up steps and is not timed).
+
+The pairings printed last: ours at fp32 / bf16 / fp16 against PyTorch at the same name, and ours
+fp16 against PyTorch ``fp16-pure`` (ours runs once per precision; ``fp16-pure`` reuses its fp16 run).
 
 Both loops read the loss on the host every step (``float(loss)`` / ``loss.item()``), so they
 synchronise alike. Per configuration: warm-up steps, then timed steps -> samples/s (global);
@@ -21,6 +29,8 @@ Run (one rank per GPU; torch.distributed is initialised from MPI, no torchrun)::
     mpirun -np 1 python3 benchmarks/train_ddp.py --json train_ddp_1gpu.json
     mpirun -np 2 python3 benchmarks/train_ddp.py --json train_ddp_2gpu.json
     mpirun -np 2 python3 benchmarks/train_ddp.py --frameworks hpcgpu --allreduce peer   # copy engines
+    mpirun -np 1 python3 benchmarks/train_ddp.py --precisions fp32,bf16,fp16,fp16-pure \
+        --frameworks hpcgpu,torch,torch-compile                                          # every pairing
 
 A part that fails (PyTorch missing, out of memory, ...) is reported in the table and the JSON
 and the other parts still run. Takes about a minute on H200s with the defaults.
@@ -70,8 +80,10 @@ def parse_arguments(argv=None):
                         help="sample this rank's GPU (NVML, every 20 ms) during the in-process pairs: mean SM "
                              "clock, power and how often the power cap held the clocks, with and without "
                              "communication (needs nvidia-ml-py)")
-    parser.add_argument("--precisions", default="fp32,fp16", help="comma-separated [fp32,fp16]")
-    parser.add_argument("--frameworks", default="hpcgpu,torch", help="comma-separated [hpcgpu,torch]")
+    parser.add_argument("--precisions", default="fp32,fp16",
+                        help="comma-separated: fp32, bf16, fp16, fp16-pure (PyTorch only; ours runs fp16) [fp32,fp16]")
+    parser.add_argument("--frameworks", default="hpcgpu,torch",
+                        help="comma-separated: hpcgpu, torch, torch-compile [hpcgpu,torch]")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON (rank 0)")
     parser.add_argument("--backend", choices=("cupy", "numpy"), default="cupy",
                         help="numpy: a CPU smoke test of this script (use a tiny --width) [cupy]")
@@ -240,7 +252,7 @@ def torch_group(comm, device_id):
     _TORCH_GROUP["ready"] = True
 
 
-def run_torch(comm, arch, options, precision):
+def run_torch(comm, arch, options, precision, compiled=False):
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -259,14 +271,41 @@ def run_torch(comm, arch, options, precision):
     layers += [nn.GELU(approximate="tanh"), nn.Linear(options.width, options.classes)]
     model = nn.Sequential(*layers).to(device)
     n_params = sum(p.numel() for p in model.parameters())
+    if precision == "fp16-pure":
+        model = model.half()
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=[arch.device_id],
                                               bucket_cap_mb=options.bucket_mb * 1e6 / 2**20)
+    network = torch.compile(ddp) if compiled else ddp
+    params = list(model.parameters())
+    # fp16-pure: the optimiser updates fp32 masters; the fp16 model is their compute copy.
+    masters = [p.detach().float().clone().requires_grad_(True) for p in params] if precision == "fp16-pure" else params
     try:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
+        optimizer = torch.optim.AdamW(masters, lr=1e-4, weight_decay=0.01, fused=True)
     except (TypeError, RuntimeError):
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-    mixed = precision == "fp16"
-    scaler = torch.amp.GradScaler("cuda", init_scale=2.0**12, enabled=mixed)
+        optimizer = torch.optim.AdamW(masters, lr=1e-4, weight_decay=0.01)
+    loss_scale = 2.0**12
+
+    def pure_fp16_step(communicate):
+        for p in params:
+            p.grad = None
+        loss = loss_fn(network(x.half()).float(), y)
+        if communicate:
+            (loss * loss_scale).backward()
+        else:
+            with ddp.no_sync():
+                (loss * loss_scale).backward()
+        grads = [p.grad.float() for p in params]
+        torch._foreach_mul_(grads, 1.0 / loss_scale)
+        for master, grad in zip(masters, grads):
+            master.grad = grad
+        optimizer.step()
+        with torch.no_grad():
+            torch._foreach_copy_(params, masters)
+        return loss.item()
+    if precision not in ("fp32", "fp16", "bf16", "fp16-pure"):
+        raise ValueError(f"unknown precision {precision!r} for PyTorch (fp32, bf16, fp16, fp16-pure)")
+    autocast = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0**12, enabled=precision == "fp16")
     loss_fn = nn.CrossEntropyLoss()
     generator = torch.Generator(device=device).manual_seed(comm.rank)
     batch = options.batch_per_gpu
@@ -274,9 +313,11 @@ def run_torch(comm, arch, options, precision):
     y = torch.randint(0, options.classes, (batch,), device=device, generator=generator)
 
     def step(communicate):
+        if precision == "fp16-pure":
+            return pure_fp16_step(communicate)
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.float16, enabled=mixed):
-            loss = loss_fn(ddp(x), y)
+        with torch.autocast("cuda", dtype=autocast or torch.float32, enabled=autocast is not None):
+            loss = loss_fn(network(x), y)
         if communicate:
             scaler.scale(loss).backward()
         else:
@@ -305,8 +346,9 @@ def run_torch(comm, arch, options, precision):
               "n_params": n_params, "final_loss": loss, "allow_tf32_default": allow_tf32_default}
     if comm.size > 1:
         local_seconds, _ = timed(False, options.steps)
-        grads = torch.zeros(n_params, device=device, dtype=torch.float32)   # DDP reduces fp32 gradients
-        per_bucket = max(1, int(options.bucket_mb * 1e6) // 4)
+        # DDP reduces gradients in the parameters' dtype: fp32 (autocast keeps fp32 weights), fp16 for fp16-pure
+        grads = torch.zeros(n_params, device=device, dtype=torch.float16 if precision == "fp16-pure" else torch.float32)
+        per_bucket = max(1, int(options.bucket_mb * 1e6) // grads.element_size())
         rounds = []
         for _ in range(6):
             comm.barrier()
@@ -334,7 +376,10 @@ def run_torch(comm, arch, options, precision):
 
 
 # ------------------------------------------------------------------------------------------ driver
-RUNNERS = {"hpcgpu": run_hpcgpu, "torch": run_torch}
+#: PyTorch recipe -> the precision of ours it is compared with.
+OURS_PRECISION = {"fp16-pure": "fp16"}
+RUNNERS = {"hpcgpu": run_hpcgpu, "torch": run_torch,
+           "torch-compile": lambda comm, arch, options, precision: run_torch(comm, arch, options, precision, compiled=True)}
 
 
 def main(argv=None):
@@ -359,8 +404,13 @@ def _main(options, comm):
                   "PyTorch's communicator too -- run --frameworks torch separately for a clean baseline",
                   flush=True)
     results = []
-    for precision in options.precisions.split(","):
+    ours_done = set()
+    for requested in options.precisions.split(","):
         for framework in options.frameworks.split(","):
+            precision = OURS_PRECISION.get(requested, requested) if framework == "hpcgpu" else requested
+            if framework == "hpcgpu" and precision in ours_done:
+                continue   # fp16-pure pairs with ours at fp16, measured once
+            ours_done.add(precision if framework == "hpcgpu" else None)
             started = time.perf_counter()
             try:
                 record = RUNNERS[framework](comm, arch, options, precision)
@@ -463,9 +513,12 @@ def print_table(results):
     if tf32:
         print(f"PyTorch torch.backends.cuda.matmul.allow_tf32 default: {sorted(tf32)} (run with False: plain fp32 GEMMs, as CuPy)")
     for precision in sorted({r["precision"] for r in results}):
-        ours, theirs = by_key.get(("hpcgpu", precision)), by_key.get(("torch", precision))
-        if ours and theirs:
-            print(f"hpcgpu / PyTorch DDP at {precision}: {ours['samples_per_second'] / theirs['samples_per_second']:.2f}x")
+        ours = by_key.get(("hpcgpu", OURS_PRECISION.get(precision, precision)))
+        for framework in ("torch", "torch-compile"):
+            theirs = by_key.get((framework, precision))
+            if ours and theirs:
+                print(f"hpcgpu {ours['precision']} / PyTorch {precision}{' + torch.compile' if framework != 'torch' else ''}"
+                      f": {ours['samples_per_second'] / theirs['samples_per_second']:.2f}x")
 
 
 if __name__ == "__main__":
