@@ -31,7 +31,7 @@ from hpcgpu.app.checksum import hash_arrays
 from ._backend import to_numpy
 from .data import shard_bounds
 from .distributed import replicas_identical
-from .sharded_checkpoint import parallel_checkpoint_payload, restore_parallel_checkpoint
+from .sharded_checkpoint import ShardedCheckpoint
 from .training_run import TrainingRun
 
 
@@ -53,6 +53,7 @@ class ParallelTrainingModel(TrainingRun):
 
     def __init__(self, comm, arch, options, data, grid, runner):
         self.grid, self.runner = grid, runner
+        self._sharded_checkpoint = None
         super().__init__(comm, arch, options, data, n_params=runner.parallel_model.reference().layout.n_params)
 
     @property
@@ -105,9 +106,15 @@ class ParallelTrainingModel(TrainingRun):
                 "buckets": len(self.runner.sync.data_parallel.buckets), "bucket_mb": options.bucket_mb}
 
     # ------------------------------------------------------------------ checkpoint / restart
+    def _checkpoints(self) -> ShardedCheckpoint:
+        """Collective on first use: the saver/loader of this grid's shards."""
+        if self._sharded_checkpoint is None:
+            self._sharded_checkpoint = ShardedCheckpoint(self.runner, self.options.model)
+        return self._sharded_checkpoint
+
     def checkpoint_state(self) -> dict:
         """Collective: the unsplit parameters and optimiser state (:mod:`apps.train.sharded_checkpoint`)."""
-        return parallel_checkpoint_payload(self.runner, self.history, self.options.model)
+        return self._checkpoints().state(self.history)
 
     def load_checkpoint(self, control) -> int | None:
         """Collective: load ``--restart`` onto this run's grid (any grid: the checkpoint holds the
@@ -116,9 +123,9 @@ class ParallelTrainingModel(TrainingRun):
         loud = self.comm.rank == 0 and not options.quiet
 
         def load(manager, which):
-            self.history.update(restore_parallel_checkpoint(
-                manager, which, self.runner, options.model, steps=options.steps,
-                reschedule=options.reschedule, note_fn=print if loud else None))
+            self.history.update(self._checkpoints().restore(
+                manager, which, steps=options.steps, reschedule=options.reschedule,
+                note_fn=print if loud else None))
             return self.runner.state.step
 
         return control.restore_with(load)

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 
@@ -25,8 +26,8 @@ import hpcgpu
 from apps.train.loader import ArraySource, ShardedLoader
 from apps.train.parallel_grid import make_grid
 from apps.train.parallel_training import ParallelTrainer, build_parallel_model, train_steps
-from apps.train.sharded_checkpoint import (logical_state, restore_parallel_checkpoint,
-                                           save_parallel_checkpoint, shard_pieces, tensor_map)
+from apps.train.shard_map import shard_pieces, tensor_map
+from apps.train.sharded_checkpoint import ShardedCheckpoint, logical_state
 from apps.train.tensor_parallel import MLPSpec
 from hpcgpu.checkpoint import CheckpointManager
 from hpcgpu.errors import ConfigurationError
@@ -73,10 +74,16 @@ def interrupted_run(comm, sizes, directory, micro_batches=1, optimizer="adamw"):
     runner = make_runner(make_grid(comm, *sizes), micro_batches, optimizer=optimizer)
     first = train(runner, 0, SAVE_AT)
     manager = CheckpointManager(comm, directory, app="apps.train")
-    info = save_parallel_checkpoint(manager, runner, history={"loss": list(first)})
+    info = ShardedCheckpoint(runner).save(manager, history={"loss": list(first)})
     manager.close()
     saved = logical_state(runner)
     assert np.array_equal(saved["params"], runner.full_parameters())   # the one-process layout
+    if comm.rank == 0:   # one global dataset per array, readable without this code
+        with h5py.File(Path(info.path) / "checkpoint.h5", "r") as handle:
+            assert np.array_equal(handle["fields/params"][...], saved["params"])
+            for key in ("exp_avg", "exp_avg_sq", "momentum_buffer"):
+                if f"optimizer/{key}" in saved:
+                    assert np.array_equal(handle[f"fields/optimizer.{key}"][...], saved[f"optimizer/{key}"])
     losses = np.concatenate([first, train(runner, SAVE_AT, STEPS - SAVE_AT)])
     return losses, saved, logical_state(runner), info.path
 
@@ -86,7 +93,7 @@ def restarted_run(comm, sizes, path, micro_batches=1, optimizer="adamw"):
     losses of the remaining steps and the final state."""
     runner = make_runner(make_grid(comm, *sizes), micro_batches, optimizer=optimizer)
     manager = CheckpointManager(comm, Path(path).parent, app="apps.train")
-    history = restore_parallel_checkpoint(manager, path, runner, steps=STEPS)
+    history = ShardedCheckpoint(runner).restore(manager, path, steps=STEPS)
     manager.close()
     assert runner.state.step == SAVE_AT and len(history["loss"]) == SAVE_AT
     loaded = logical_state(runner)
@@ -181,14 +188,14 @@ def test_another_model_is_refused_on_every_rank(comm):
     try:
         runner = make_runner(make_grid(comm, 1, 2, 1))
         manager = CheckpointManager(comm, directory, app="apps.train")
-        path = save_parallel_checkpoint(manager, runner).path
+        path = ShardedCheckpoint(runner).save(manager).path
         for spec, expected in ((MLPSpec(SPEC.n_inputs, SPEC.n_classes, width=16, hidden=64, depth=3, dropout=0.1),
                                 "has hidden 32, this run's hidden 64"),
                                (MLPSpec(SPEC.n_inputs, SPEC.n_classes, width=16, hidden=32, depth=2, dropout=0.1),
                                 "has depth 3, this run's depth 2")):
             other = make_runner(make_grid(comm, 1, 1, 2), 2, spec=spec)
             with pytest.raises(ConfigurationError, match=expected) as caught:
-                restore_parallel_checkpoint(manager, path, other, steps=STEPS)
+                ShardedCheckpoint(other).restore(manager, path, steps=STEPS)
             messages = comm.mpi.allgather(str(caught.value))
             assert len(set(messages)) == 1 and "reshards onto another grid" in messages[0]
         manager.close()
