@@ -18,7 +18,9 @@ still starts only after the previous step has finished on the compute stream (it
 previous interior update read).
 
 Without overlap (``overlap=False``) the whole owned block is one sweep, followed by a blocking
-exchange: one launch instead of rim + interior, the better schedule when the exchange is short.
+exchange: one launch instead of rim + interior, the better schedule when the exchange is short. A
+job of one rank always steps this way: its exchange only copies its own periodic faces, there is
+nothing in flight to hide, and the thin rim slabs (strided along x) would cost bandwidth for nothing.
 
 With ``peer_halo=True`` (GPUs of one node, rows split only) there is no exchange at all: each step is
 a wait for the neighbours' previous step, one sweep over the block, and one small kernel that stores
@@ -44,15 +46,17 @@ class PingPongStencil:
     sweep_fn : callable ``sweep_fn(out, inp, region, residual)``
         Updates ``out`` over ``region`` (flat padded bounds) from ``inp``; mutates ``out``.
     overlap : bool
-        Overlap the exchange with the interior update (default). False computes everything, then
-        exchanges: the same result, for measuring what the overlap hides.
+        Overlap the exchange with the interior update (default, where there is another rank). False
+        computes everything, then exchanges: the same result, for measuring what the overlap hides.
+        One rank never overlaps (see the module docstring).
     peer_halo : bool
         GPUs of one node, grid split along rows only: boundary rows go straight into the neighbours'
         memory after each sweep instead of through an exchange (collective setup; same results).
     """
 
     def __init__(self, grid, arch, dtype: str, name: str, sweep_fn, overlap: bool = True, peer_halo: bool = False):
-        self.grid, self.arch, self.sweep_fn, self.overlap = grid, arch, sweep_fn, overlap
+        self.grid, self.arch, self.sweep_fn = grid, arch, sweep_fn
+        self.overlap = overlap and grid.comm.size > 1   # one rank: nothing in flight to hide
         self.current = hpcgpu.Field(grid, arch, halo_width=1, dtype=dtype, name=name)
         self.next = hpcgpu.Field(grid, arch, halo_width=1, dtype=dtype, name=name)
         # Along an axis with no neighbour at all (one block, not periodic) no ghost is ever filled by
