@@ -19,8 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from apps.stencil.sphere.parameters import SphereTile
-from apps.stencil.swe._arrays import array_module
-from hpcgpu.arch import is_device_array
+from hpcgpu.arch import array_module, is_device_array
 
 DIAGNOSTIC_NAMES = ("mass", "energy", "potential_enstrophy")
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from apps.stencil.shallow_water.metrics import ROW_ARRAYS, GridMetrics, latlon_metrics
 from hpcgpu.errors import ConfigurationError
 
 EARTH_RADIUS = 6.37122e6
@@ -123,6 +124,9 @@ class SphereTile:
 
     Per padded cell (arrays of shape (n_rows + 2w, n_cols + 2w)): ``coriolis`` (f at the SW corner,
     1/s) and ``topography`` (bottom height h_s at the centre, m).
+
+    ``metrics`` holds the same arrays as the core's :class:`~apps.stencil.shallow_water.metrics.GridMetrics`
+    (what :func:`apps.stencil.sphere.stage.sphere_stage` passes to the core).
     """
 
     gravity: float
@@ -147,6 +151,7 @@ class SphereTile:
     coriolis: Any
     topography: Any
     dtype: np.dtype
+    metrics: GridMetrics
 
     @property
     def at_south(self) -> bool:
@@ -212,13 +217,9 @@ def tile_parameters(
         )
     rows = np.arange(row_start - halo_width, row_start + n_rows + halo_width, dtype=np.int64)
     columns = np.arange(column_start - halo_width, column_start + n_columns + halo_width, dtype=np.int64)
-    a = p.radius
     cos_center = np.cos(p.center_latitudes(mirrored_center_rows(rows, p.ny)))
     inside = (rows > 0) & (rows < p.ny)
     cos_face = np.where(inside, np.cos(p.face_latitudes(rows)), 0.0)
-    safe_cos_face = np.where(inside, cos_face, 1.0)
-    rdx_face = np.where(inside, 1.0 / (a * safe_cos_face * p.dlon), 0.0)
-    rdy_face = np.where(inside, 1.0 / (a * safe_cos_face * p.dlat), 0.0)
     lon_corner = columns * p.dlon
     lat_corner = p.face_latitudes(rows)
     coriolis = p.coriolis(lon_corner[None, :], lat_corner[:, None])
@@ -228,14 +229,11 @@ def tile_parameters(
         lon_center = (columns + 0.5) * p.dlon
         lat_center = p.center_latitudes(mirrored_center_rows(rows, p.ny))
         topography = np.broadcast_to(topography_fn(lon_center[None, :], lat_center[:, None]), (rows.size, columns.size))
-    cast = lambda values: xp.asarray(np.ascontiguousarray(values, dtype=np.float64).astype(dtype))  # noqa: E731
+    metrics = latlon_metrics(p.radius, p.dlon, p.dlat, cos_center, cos_face, inside, coriolis, topography, p.gravity,
+                             xp=xp, dtype=dtype)
     return SphereTile(
-        gravity=p.gravity, radius=a, dlon=p.dlon, dlat=p.dlat, halo_width=int(halo_width),
+        gravity=p.gravity, radius=p.radius, dlon=p.dlon, dlat=p.dlat, halo_width=int(halo_width),
         row_start=int(row_start), n_rows=int(n_rows), column_start=int(column_start), n_columns=int(n_columns),
-        n_rows_global=p.ny, n_columns_global=p.nx,
-        cos_center=cast(cos_center), rcos_center=cast(1.0 / cos_center),
-        rdx_center=cast(1.0 / (a * cos_center * p.dlon)), rdy_center=cast(1.0 / (a * cos_center * p.dlat)),
-        cos_face=cast(cos_face), rdx_face=cast(rdx_face), rdy_face=cast(rdy_face),
-        v_face_mask=cast(inside.astype(np.float64)), coriolis=cast(coriolis), topography=cast(topography),
-        dtype=dtype,
+        n_rows_global=p.ny, n_columns_global=p.nx, dtype=dtype, metrics=metrics,
+        **{name: getattr(metrics, name) for name in (*ROW_ARRAYS, "coriolis", "topography")},
     )  # fmt: skip

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from apps.stencil.swe._arrays import array_module
 from apps.stencil.swe.parameters import TileParameters
+from hpcgpu.arch import array_module
 
 DIAGNOSTIC_NAMES = ("mass", "kinetic_energy", "potential_energy", "energy", "potential_enstrophy")
 

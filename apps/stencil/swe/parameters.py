@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from apps.stencil.shallow_water.metrics import GridMetrics, channel_metrics
 from hpcgpu.errors import ConfigurationError
 
 
@@ -129,6 +130,9 @@ class TileParameters:
         (and beyond them); multiplies the v tendency so the walls stay impermeable.
     dtype : numpy.dtype
         Floating dtype of the fields (float64 or float32).
+    metrics : GridMetrics
+        The channel's metrics for the shallow-water core (unit factors, ``1/dx``, ``1/dy``, the two
+        arrays above): what :func:`apps.stencil.swe.stage.swe_stage` passes to the core.
     """
 
     gravity: float
@@ -144,6 +148,7 @@ class TileParameters:
     coriolis_rows: Any
     v_face_mask: Any
     dtype: np.dtype
+    metrics: GridMetrics
 
     @property
     def at_south(self) -> bool:
@@ -213,6 +218,10 @@ def tile_parameters(
     # Evaluated in float64 from the integer global index only, so any decomposition agrees bitwise.
     coriolis = parameters.coriolis_f0 + parameters.beta * (rows * parameters.dy - 0.5 * parameters.length_y)
     mask = ((rows > 0) & (rows < parameters.ny)).astype(np.float64)
+    coriolis_rows = xp.asarray(coriolis.astype(dtype))
+    v_face_mask = xp.asarray(mask.astype(dtype))
+    metrics = channel_metrics(parameters.dx, parameters.dy, coriolis_rows, v_face_mask, parameters.gravity,
+                              parameters.viscosity, parameters.hyperviscosity, xp=xp, dtype=dtype)
     return TileParameters(
         gravity=parameters.gravity,
         dx=parameters.dx,
@@ -224,7 +233,8 @@ def tile_parameters(
         row_start=int(row_start),
         n_rows=int(n_rows),
         n_rows_global=int(parameters.ny),
-        coriolis_rows=xp.asarray(coriolis.astype(dtype)),
-        v_face_mask=xp.asarray(mask.astype(dtype)),
+        coriolis_rows=coriolis_rows,
+        v_face_mask=v_face_mask,
         dtype=dtype,
+        metrics=metrics,
     )

@@ -1,87 +1,12 @@
-"""GPU (CuPy raw kernels) implementation of the fused SSP-RK3 stage; see :mod:`apps.stencil.swe.stage`.
+"""The channel's GPU stage: the core's uniform-grid kernels (:mod:`apps.stencil.shallow_water.stage_gpu`).
 
-Three kernels compute the same cells, bit for bit:
-
-``swe_stage_march`` (the default)
-    Each warp owns 32 adjacent columns and marches down ``rows`` rows of them, with the loads of
-    the next ``ahead`` rows in flight (enough bytes in flight to cover the memory latency at the
-    occupancy its registers allow); it writes the middle
-    28 columns (lanes 2-29), the outer two lanes on each side only supply neighbours. Every
-    intermediate quantity -- the mass fluxes U and V, the potential vorticity q, the Bernoulli
-    function B and the Laplacians of u and v -- is computed once per point, in registers: x
-    neighbours come from the adjacent lanes (warp shuffles), y neighbours from the registers of the
-    rows above, and the loads of the next row are issued before the current row is computed. Each
-    input value is loaded once per warp (32/28 with the rim lanes); no shared memory, no barrier.
-``swe_stage_tiled``
-    One block owns a tile of ``TX x TY`` cells staged in shared memory (u and v with a two-cell rim
-    for the biharmonic term, h with one) and computes every intermediate quantity once per point in
-    shared memory, then the updates. Slower than the march (more shared-memory traffic, two block
-    barriers); kept as a measured alternative.
-``swe_stage_simple`` (the tiled kernel's fallback for thin regions)
-    One thread per cell, every quantity evaluated where it is needed (q three times, with a
-    division each; the Laplacian five times per field).
-
-Bytes: a stage must read ``stage`` and ``base`` (3 fields each) and write ``out`` (3 fields), 9
-values per cell (6 in the first stage, where ``base`` is ``stage``). See docs/performance.md.
-
-Every quantity is the same expression, in the same order and with the same parentheses, as the
-Numba helper of :mod:`apps.stencil.swe.stage_cpu`; computing one once and reusing it gives the same
-bits as computing it again. The kernels (:mod:`apps.stencil.swe.stage_cuda`) are compiled with
-``--fmad=false`` so NVRTC does not contract ``a*b + c`` into a fused multiply-add, which would round
-differently from the CPU; division is IEEE-rounded (NVRTC's default ``-prec-div=true``). Hence fp64
-and fp32 results equal the CPU's bitwise.
-
-CuPy is imported lazily: this module imports without it.
+:func:`stage_gpu` (``out, base, stage, coriolis_rows, v_face_mask, scalars, region, tile=None``),
+:data:`DEFAULT_TILE` and :func:`kernel_choices` are the core's uniform-grid launcher, its default
+kernel per dtype and its kernel choices (the march, tiled and one-thread-per-cell kernels),
+under the names the benchmarks use.
 """
 
-from __future__ import annotations
+from apps.stencil.shallow_water.stage_gpu import DEFAULT_TILE, MARCH_WARPS, SIMPLE_BLOCK, kernel_choices
+from apps.stencil.shallow_water.stage_gpu import uniform_stage_gpu as stage_gpu
 
-import numpy as np
-
-from apps.stencil.swe.stage_cuda import kernel_choices, march_name, simple_name, stage_module, tiled_name
-
-SIMPLE_BLOCK = (32, 8, 1)
-"""Block of the simple kernel: 32 threads along x (contiguous in memory, coalesced loads), 8 rows."""
-
-MARCH_WARPS = 4
-"""Warps per block of the warp-marching kernel (each owns 28 columns)."""
-
-DEFAULT_TILE = {np.dtype(np.float64): ("march", 16, 2), np.dtype(np.float32): ("march", 32, 1)}
-"""The kernel each dtype uses unless ``stage_gpu(..., tile=...)`` says otherwise: the fastest measured
-at 8192 x 4096 on one H200 (``benchmarks/stencil_kernels.py --swe-tiles all``). fp64 needs two rows
-in flight (about 120 registers, 16 warps per SM); fp32 runs 64 warps per SM and one row is enough."""
-
-
-def stage_gpu(out, base, stage, coriolis_rows, v_face_mask, scalars, region, tile=None) -> None:
-    """Launch the stage on the current CuPy stream; arguments as validated by ``swe_stage``.
-
-    ``scalars`` is the tuple (a, b, dt, gravity, rdx, rdy, rdx2, rdy2, viscosity, hyperviscosity,
-    half, quarter, two), already converted to the field dtype. ``tile`` picks the kernel: ``None``
-    (the dtype's :data:`DEFAULT_TILE`), ``"simple"``, a tile of :data:`~apps.stencil.swe.stage_cuda.TILES` (regions narrower or
-    shorter than the tile run the simple kernel), or ``("march", rows, ahead)`` of
-    :data:`~apps.stencil.swe.stage_cuda.MARCH_SHAPES`; all give the same bits. Returns None.
-    """
-    j0, j1, i0, i1 = region
-    dtype = np.dtype(out[0].dtype)
-    n_rows, n_columns = out[0].shape
-    chosen = DEFAULT_TILE[dtype] if tile is None else tile
-    if chosen not in kernel_choices(dtype):
-        raise ValueError(f"tile must be None or one of {kernel_choices(dtype)} for {dtype}; found {tile!r}")
-    args = (
-        *out, *base, *stage, coriolis_rows, v_face_mask, *scalars,
-        np.int32(j0), np.int32(j1), np.int32(i0), np.int32(i1), np.int32(n_columns), np.int32(n_rows),
-    )  # fmt: skip
-    module = stage_module()
-    if chosen[0] == "march":
-        _, rows, ahead = chosen
-        groups = -(-(i1 - i0) // 28)
-        grid = (-(-groups // MARCH_WARPS), -(-(j1 - j0) // rows), 1)
-        module.get_function(march_name(dtype, rows, ahead))(grid, (32 * MARCH_WARPS, 1, 1), args)
-        return
-    if chosen == "simple" or i1 - i0 < chosen[0] or j1 - j0 < chosen[1]:
-        grid = (-(-(i1 - i0) // SIMPLE_BLOCK[0]), -(-(j1 - j0) // SIMPLE_BLOCK[1]), 1)
-        module.get_function(simple_name(dtype))(grid, SIMPLE_BLOCK, args)
-        return
-    tx, ty, threads = chosen
-    grid = (-(-(i1 - i0) // tx), -(-(j1 - j0) // ty), 1)
-    module.get_function(tiled_name(dtype, chosen))(grid, (tx, threads // tx, 1), args)
+__all__ = ["DEFAULT_TILE", "MARCH_WARPS", "SIMPLE_BLOCK", "kernel_choices", "stage_gpu"]

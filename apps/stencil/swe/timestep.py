@@ -21,11 +21,10 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
-from hpcgpu.errors import ConfigurationError, NumericalError
-
 from apps.stencil.swe.parameters import TileParameters
-from apps.stencil.swe._arrays import array_module
 from apps.stencil.swe.stage import SSP_RK3_STAGES, swe_stage
+from hpcgpu.arch import array_module
+from hpcgpu.errors import ConfigurationError, NumericalError
 
 # Stability bounds of SSP-RK3 on the imaginary and negative real axes.
 _RK3_IMAGINARY_LIMIT = math.sqrt(3.0)

@@ -29,7 +29,6 @@ def imported_modules(name: str) -> set:
     [
         ("polar_filter_gpu", {"apps.stencil.sphere.polar_filter"}),
         ("polar_circles", {"apps.stencil.sphere.polar_filter", "apps.stencil.sphere.polar_filter_gpu"}),
-        ("stage_gpu", {"apps.stencil.sphere.polar_filter", "apps.stencil.sphere.polar_filter_gpu"}),
     ],
 )
 def test_polar_filter_modules_do_not_import_their_callers(module, forbidden):

@@ -168,7 +168,7 @@ def test_stage_rejects_bad_inputs():
 def test_threaded_path_matches_reference_and_serial_path():
     """A region above PARALLEL_MIN_CELLS runs the threaded loop: same bits as the reference and as
     the same cells updated in small (serial) pieces."""
-    from apps.stencil.swe.stage_cpu import PARALLEL_MIN_CELLS
+    from apps.stencil.shallow_water.stage_cpu import PARALLEL_MIN_CELLS
 
     rng = np.random.default_rng(17)
     w = 2

@@ -1,0 +1,112 @@
+"""GPU (CuPy raw kernels) launchers of the fused SSP-RK3 stage; see :mod:`apps.stencil.shallow_water.stage`.
+
+Per-row metrics (the lat-lon grid) run ``row_metrics_stage`` of
+:mod:`apps.stencil.shallow_water.cuda_device`, one thread per cell. Uniform metrics (the channel)
+run one of three kernels that compute the same cells, bit for bit:
+
+``swe_stage_march`` (the default; :mod:`apps.stencil.shallow_water.cuda_march`)
+    Each warp owns 32 adjacent columns and marches down ``rows`` rows of them, with the loads of
+    the next ``ahead`` rows in flight (enough bytes in flight to cover the memory latency at the
+    occupancy its registers allow); it writes the middle
+    28 columns (lanes 2-29), the outer two lanes on each side only supply neighbours. Every
+    intermediate quantity -- the mass fluxes U and V, the potential vorticity q, the Bernoulli
+    function B and the Laplacians of u and v -- is computed once per point, in registers: x
+    neighbours come from the adjacent lanes (warp shuffles), y neighbours from the registers of the
+    rows above, and the loads of the next row are issued before the current row is computed. Each
+    input value is loaded once per warp (32/28 with the rim lanes); no shared memory, no barrier.
+``swe_stage_tiled`` (:mod:`apps.stencil.shallow_water.cuda_uniform`)
+    One block owns a tile of ``TX x TY`` cells staged in shared memory (u and v with a two-cell rim
+    for the biharmonic term, h with one) and computes every intermediate quantity once per point in
+    shared memory, then the updates. Slower than the march (more shared-memory traffic, two block
+    barriers); kept as a measured alternative.
+``uniform_grid_stage`` (the tiled kernel's fallback for thin regions; ``"simple"``)
+    One thread per cell, every quantity evaluated where it is needed (q three times, with a
+    division each; the Laplacian five times per field): the shared device functions with the
+    ``UniformGrid`` metric policy.
+
+Bytes: a stage must read ``stage`` and ``base`` (3 fields each) and write ``out`` (3 fields), 9
+values per cell (6 in the first stage, where ``base`` is ``stage``). See docs/performance.md.
+
+Every quantity is the same expression, in the same order and with the same parentheses, as the
+Numba helper of :mod:`apps.stencil.shallow_water.stage_cpu`; computing one once and reusing it gives
+the same bits as computing it again (``--fmad=false``, IEEE division), so fp64 and fp32 results
+equal the CPU's bitwise.
+
+CuPy is imported lazily: this module imports without it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from apps.stencil.shallow_water.cuda_device import device_module, row_metrics_name, uniform_name
+from apps.stencil.shallow_water.cuda_march import march_name
+from apps.stencil.shallow_water.cuda_uniform import kernel_choices, tiled_name, uniform_module
+
+SIMPLE_BLOCK = (32, 8, 1)
+"""Block of the one-thread-per-cell kernels: 32 threads along x (contiguous in memory, coalesced loads), 8 rows."""
+
+MARCH_WARPS = 4
+"""Warps per block of the warp-marching kernel (each owns 28 columns)."""
+
+DEFAULT_TILE = {np.dtype(np.float64): ("march", 16, 2), np.dtype(np.float32): ("march", 32, 1)}
+"""The kernel each dtype uses unless ``uniform_stage_gpu(..., tile=...)`` says otherwise: the fastest measured
+at 8192 x 4096 on one H200 (``benchmarks/stencil_kernels.py --swe-tiles all``). fp64 needs two rows
+in flight (about 120 registers, 16 warps per SM); fp32 runs 64 warps per SM and one row is enough."""
+
+
+def _simple_grid(region) -> tuple[int, int, int]:
+    j0, j1, i0, i1 = region
+    return (-(-(i1 - i0) // SIMPLE_BLOCK[0]), -(-(j1 - j0) // SIMPLE_BLOCK[1]), 1)
+
+
+def uniform_stage_gpu(out, base, stage, coriolis_rows, v_face_mask, scalars, region, tile=None) -> None:
+    """Launch the uniform-grid stage on the current CuPy stream; arguments as validated by the core's stage.
+
+    ``scalars`` is the tuple (a, b, dt, gravity, rdx, rdy, rdx2, rdy2, viscosity, hyperviscosity,
+    half, quarter, two), already converted to the field dtype. ``tile`` picks the kernel: ``None``
+    (the dtype's :data:`DEFAULT_TILE`), ``"simple"``, a tile of
+    :data:`~apps.stencil.shallow_water.cuda_uniform.TILES` (regions narrower or shorter than the tile
+    run the simple kernel), or ``("march", rows, ahead)`` of
+    :data:`~apps.stencil.shallow_water.cuda_march.MARCH_SHAPES`; all give the same bits. Returns None.
+    """
+    j0, j1, i0, i1 = region
+    dtype = np.dtype(out[0].dtype)
+    n_rows, n_columns = out[0].shape
+    chosen = DEFAULT_TILE[dtype] if tile is None else tile
+    if chosen not in kernel_choices(dtype):
+        raise ValueError(f"tile must be None or one of {kernel_choices(dtype)} for {dtype}; found {tile!r}")
+    args = (
+        *out, *base, *stage, coriolis_rows, v_face_mask, *scalars,
+        np.int32(j0), np.int32(j1), np.int32(i0), np.int32(i1), np.int32(n_columns), np.int32(n_rows),
+    )  # fmt: skip
+    if chosen[0] == "march":
+        _, rows, ahead = chosen
+        groups = -(-(i1 - i0) // 28)
+        grid = (-(-groups // MARCH_WARPS), -(-(j1 - j0) // rows), 1)
+        uniform_module().get_function(march_name(dtype, rows, ahead))(grid, (32 * MARCH_WARPS, 1, 1), args)
+        return
+    if chosen == "simple" or i1 - i0 < chosen[0] or j1 - j0 < chosen[1]:
+        device_module().get_function(uniform_name(dtype))(_simple_grid(region), SIMPLE_BLOCK, args)
+        return
+    tx, ty, threads = chosen
+    grid = (-(-(i1 - i0) // tx), -(-(j1 - j0) // ty), 1)
+    uniform_module().get_function(tiled_name(dtype, chosen))(grid, (tx, threads // tx, 1), args)
+
+
+def row_metrics_stage_gpu(*args) -> None:
+    """Launch the per-row-metrics stage on the current CuPy stream; returns None.
+
+    ``args`` as for the core's Numba kernel without the (hyper)viscosity scalars: (out x3, base x3,
+    stage x3, increment x3, the 8 row arrays, filtered_rows, coriolis, topography, a, b, dt, gravity,
+    rdy, half, quarter, j0, j1, i0, i1), scalars in the field dtype, arrays validated by
+    :func:`apps.stencil.shallow_water.stage.shallow_water_stage`.
+    """
+    region = tuple(int(x) for x in args[-4:])
+    out_h = args[0]
+    kernel = device_module().get_function(row_metrics_name(out_h.dtype))
+    bounds = tuple(np.int32(x) for x in region)
+    kernel(_simple_grid(region), SIMPLE_BLOCK, (*args[:-4], *bounds, np.int32(out_h.shape[1])))
+
+
+__all__ = ["DEFAULT_TILE", "MARCH_WARPS", "SIMPLE_BLOCK", "kernel_choices", "row_metrics_stage_gpu", "uniform_stage_gpu"]
