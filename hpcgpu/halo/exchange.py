@@ -221,11 +221,11 @@ class HaloExchange:
             # Every GPU transport orders itself after the compute stream: the kernels that produced
             # the fields must be there, or packing races with them.
             self.arch.check_compute_stream("a halo exchange")
-        return PendingExchange(self.transport.start(self), self.boundary_fill or None)
+        return PendingExchange(self.transport.start(self), self.boundary_fill or None, self.arch)
 
     def run(self) -> None:
         """Exchange and wait (boundary conditions included)."""
-        PendingExchange(self.transport.start(self), self.boundary_fill or None).wait()
+        PendingExchange(self.transport.start(self), self.boundary_fill or None, self.arch).wait()
 
 
 class PendingExchange:
@@ -235,18 +235,20 @@ class PendingExchange:
     exchange has boundary conditions); a second ``wait()`` does nothing.
     """
 
-    __slots__ = ("_handle", "_boundary_fill")
+    __slots__ = ("_handle", "_boundary_fill", "_arch")
 
-    def __init__(self, handle, boundary_fill=None):
-        self._handle, self._boundary_fill = handle, boundary_fill
+    def __init__(self, handle, boundary_fill=None, arch=None):
+        self._handle, self._boundary_fill, self._arch = handle, boundary_fill, arch
 
     def wait(self) -> None:
         if self._handle is not None:
             self._handle.wait()
             self._handle = None
         if self._boundary_fill is not None:
-            # After the transport's wait: on GPUs the compute (current) stream now waits for the
-            # unpack, so these fills read neighbour ghosts that have arrived.
+            # After the transport's wait the compute stream waits for the unpack: the fills must go
+            # to that stream (CuPy's current one) to read neighbour ghosts that have arrived.
+            if self._arch is not None and self._arch.is_gpu:
+                self._arch.check_compute_stream("filling boundary conditions after a halo exchange")
             self._boundary_fill.apply()
             self._boundary_fill = None
 

@@ -264,6 +264,36 @@ def _face_cells(widths, local_shape):
     return np.broadcast_to(outside <= 1, tuple(n + 2 * w for n, w in zip(local_shape, widths)))
 
 
+@pytest.mark.mpi(ranks=[1, 2, 3, 4])
+def test_channel_exchange_with_walls_is_exchange_then_fill_channel_boundaries(comm):
+    """What the shallow-water channel does today (exchange, then its wall fill with the tile's
+    at_south / at_north) and one exchange with free_slip_channel_walls() give bitwise the same
+    arrays on every rank, for halo widths 1-3 (the walls across y, x periodic)."""
+    import hpcgpu
+    from apps.stencil.swe.boundaries import fill_channel_boundaries
+
+    arch = hpcgpu.arch.auto(comm, backend="numpy")
+    for w in (1, 2, 3):
+        grid = hpcgpu.Decomposition(comm, (13, 10), periodic=(False, True))
+        results = []
+        for with_conditions in (False, True):
+            rng = np.random.default_rng(w)
+            fields = [hpcgpu.Field(grid, arch, halo_width=w, name=name) for name in "huv"]
+            for field in fields:
+                field.data[...] = np.nan
+                field.scatter(rng.standard_normal(grid.global_shape) if comm.rank == 0 else None)
+            if with_conditions:
+                hpcgpu.exchange_halos(fields, boundary_conditions=free_slip_channel_walls())
+            else:
+                hpcgpu.exchange_halos(fields)
+                fill_channel_boundaries(*(f.data for f in fields), w, at_south=grid.at_lower_edge(0),
+                                        at_north=grid.at_upper_edge(0))
+            results.append([f.data.copy() for f in fields])
+        for name, before, after in zip("huv", *results):
+            assert same_bits(after, before), (w, name, str(grid))
+            assert not np.any(np.isnan(after)), (w, name)
+
+
 @pytest.mark.mpi(ranks=[1, 2])
 def test_conditions_are_refused_on_a_periodic_axis_and_kept_per_plan(comm):
     import hpcgpu
