@@ -114,6 +114,20 @@ def test_fixed_columns_are_never_written():
     assert n_lattice_updates((1, 5, 2, 7), (1, 7)) == 4 * 5
 
 
+def test_ghost_columns_beyond_the_dirichlet_columns_are_never_read():
+    """Why Jacobi declares no physical boundary condition (hpcgpu.halo.boundaries): the cells next to
+    its x edges are the fixed columns, which the sweep skips, so NaN in the ghost columns beyond them
+    changes nothing (ghost rows are periodic, filled by the exchange)."""
+    out, inp = random_pair((6, 9), "float64", seed=6)
+    reference_out, residual = out.copy(), np.zeros(1)
+    jacobi_sweep(reference_out, inp, (1, 5, 1, 8), (1, 7), residual)
+    inp[:, [0, 8]] = np.nan
+    poisoned_residual = np.zeros(1)
+    jacobi_sweep(out, inp, (1, 5, 1, 8), (1, 7), poisoned_residual)
+    np.testing.assert_array_equal(out, reference_out)
+    assert poisoned_residual[0] == residual[0]
+
+
 def test_residual_accumulates_into_existing_value():
     out, inp = random_pair((6, 9), "float32", seed=5)
     residual = np.array([2.5])
