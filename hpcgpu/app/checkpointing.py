@@ -186,6 +186,12 @@ class RunControl:
         """True if a periodic checkpoint falls on ``step``."""
         return bool(self.every) and step % self.every == 0
 
+    def next_save(self, after: int) -> int | None:
+        """The first step after ``after`` on which a periodic checkpoint falls (None: no periodic
+        checkpoints). The driver ends its CUDA graph replays there; stop requests (signal, wall-time
+        limit) are honoured wherever the replays end (:meth:`after_step`)."""
+        return (after // self.every + 1) * self.every if self.every else None
+
     def after_step(self, step: int, state_fn, timers=None) -> None:
         """Commit finished background writes, save every ``--checkpoint-every`` steps, honour stops."""
         phase = timers.phase("io") if timers is not None else contextlib.nullcontext()

@@ -29,8 +29,34 @@ from hpcgpu.monitor import GpuMonitor
 from hpcgpu.simulation.operations import Checkpoint, ModelOutput, NanCheck, ProgressReport, check_finite
 from hpcgpu.transport.selection import select_transport, transport_choice
 
-#: Steps per CUDA graph: two, so that ping-pong buffers are back in place after each replay.
-GRAPH_STEPS = 2
+#: The shortest CUDA graph the driver replays, in steps; every graph length is even, so that ping-pong
+#: buffers are back in place after each replay. Before step 2 the steps run eagerly (the first halo
+#: exchange connects the peers and compiles its kernels outside any capture).
+MIN_GRAPH_STEPS = 2
+
+#: The longest CUDA graph, in steps. Graphs are powers of two from :data:`MIN_GRAPH_STEPS` up to this,
+#: each captured the first time a window of its length comes up: at most 6 graphs of together at most
+#: 126 steps of nodes. A stop request (signal, wall-time limit) waits at most one graph.
+MAX_GRAPH_STEPS = 64
+
+
+def graph_window(step: int, horizon: int, capturable_fn, longest: int = MAX_GRAPH_STEPS) -> int:
+    """The number of steps to replay as one CUDA graph from ``step``; 0: the next step runs eagerly.
+
+    The longest power of two from :data:`MIN_GRAPH_STEPS` up to ``longest`` steps that ends no later than
+    ``horizon`` (the next step at which the host has work: an operation that must see that step, a
+    checkpoint, the final step) and that ``capturable_fn(n_steps)`` (:meth:`Model.capturable`) allows.
+    A horizon 98 steps ahead, for instance, is reached in windows of 64, 32 and 2 steps.
+    """
+    room = horizon - step
+    n_steps = MIN_GRAPH_STEPS
+    while n_steps * 2 <= longest:
+        n_steps *= 2
+    while n_steps >= MIN_GRAPH_STEPS:
+        if n_steps <= room and capturable_fn(n_steps):
+            return n_steps
+        n_steps //= 2
+    return 0
 
 
 @contextlib.contextmanager
@@ -129,6 +155,9 @@ class Simulation:
         Passed to :meth:`Model.finish` (``--no-plot`` gives False).
     """
 
+    #: What captures ``n_steps`` steps: ``graph_class(arch, model, n_steps)`` with ``launch(timers)``.
+    graph_class = StepGraph
+
     def __init__(self, comm, arch, model, options, *, app: str, output, final_step: int | None = None,
                  operations=(), nan_check=None, graph: bool | None = False, fingerprint: dict | None = None,
                  progress_note_fn=None, plot: bool = True):
@@ -142,7 +171,10 @@ class Simulation:
             [ModelOutput(), *operations, progress, Checkpoint()]
         self.loud = comm.rank == 0 and not options.quiet
         self.timers = PhaseTimers(arch)
-        self.control = self.progress = self.graph = None
+        self.control = self.progress = None
+        self.graphs = {}   # captured CUDA graphs by their number of steps
+        self.max_graph_steps = MAX_GRAPH_STEPS
+        self._due = [None] * len(self.operations)   # each operation's next step (its trigger's next_step)
         self.restarted = False
         self.first_step = 0
 
@@ -162,15 +194,27 @@ class Simulation:
         The order, on every rank::
 
             header -> restart (--restart latest|PATH, any rank count) -> "steps:" line
-            operations' begin (initial output) -> model.prepare() -> barrier; the clock starts
+            operations' begin (initial output; the NaN check compiles its reductions)
+            -> model.prepare() -> barrier; the clock starts
             repeat until final_step:
-                step (eager, or CUDA graph replay of 2 steps where the model is capturable)
+                advance: one eager step, or, on a GPU from step 2 on, a CUDA graph replay of the
+                   steps up to the next event (2, 4, ..., 64 steps; graph_window, next_event)
                 -> NaN check (its trigger) -> model.after_step (output) -> app operations
                 -> progress -> checkpoint every --checkpoint-every steps; on SIGTERM/SIGUSR1 or
                    near the wall-time limit: final checkpoint, exit 75 (requeue)
             final checkpoint (with --checkpoint-every) -> model.settle() -> the clock stops
             monitor -> NaN check -> diagnostics -> checksum -> plausibility -> summary
             -> model.finish (files, plots) -> operations' end -> table, JSON summary (rank 0)
+
+        Each operation acts after the advance that reaches the step its trigger names
+        (``trigger.next_step``: the triggers are asked when they fire next, not at every step). An
+        event -- the final step, a periodic checkpoint, a step that an operation with
+        :attr:`~Operation.exact_steps` (NaN check, app operations) must see -- ends a graph replay, and
+        the model's :meth:`~Model.capturable` keeps its own (snapshots, norms) out of them too: those
+        operations see exactly the steps they see without graphs, so the results are bitwise the same.
+        The others (the model's output call, progress, checkpointing's stop check) act at the end of
+        the replay that passes their step: a stop request waits at most one replay
+        (:data:`MAX_GRAPH_STEPS`).
         """
         comm, arch, model, options = self.comm, self.arch, self.model, self.options
         model.set_final_step(self.final_step)
@@ -207,20 +251,25 @@ class Simulation:
 
     def _timed_loop(self, graphs: bool) -> float:
         comm, arch, model, timers = self.comm, self.arch, self.model, self.timers
-        for operation in self.operations:
-            operation.begin(self)
+        operations = self.operations
+        for operation in operations:
+            operation.begin(self)   # the NaN check compiles its reductions here
         model.prepare()   # compile kernels, make connections: outside the timed loop
         comm.barrier()
         arch.synchronize()
         timers.reset()    # initial output and set-up are not phases of the timed loop
         started = time.perf_counter()
         final = self.final_step
+        due = self._due = [operation.trigger.next_step(model.step_index, final) for operation in operations]
         while model.step_index < final:
             self._advance(graphs)
             step = model.step_index
-            for operation in self.operations:
-                if operation.trigger(step, final):
-                    operation.act(self)
+            for index, next_step in enumerate(due):
+                # An operation acts at the step its trigger names (the windows end there when it has
+                # exact_steps), the others at the first step the loop reaches from there.
+                if next_step is not None and next_step <= step:
+                    operations[index].act(self)
+                    due[index] = operations[index].trigger.next_step(step, final)
         finishing = time.perf_counter()
         self.control.finish(model.step_index, model.checkpoint_state)   # the end of a run is a checkpoint too
         timers.add("io", time.perf_counter() - finishing)
@@ -228,27 +277,31 @@ class Simulation:
         arch.synchronize()
         return time.perf_counter() - started
 
+    def next_event(self) -> int:
+        """The next step at which the host has work between steps: the final step, a periodic checkpoint,
+        or the next firing of an operation with :attr:`~Operation.exact_steps` (a NaN check every 25
+        steps still runs at step 25, not only at 50). No CUDA graph is replayed across it."""
+        step = self.model.step_index
+        events = [self.final_step, self.control.next_save(step)]
+        events += [next_step for operation, next_step in zip(self.operations, self._due) if operation.exact_steps]
+        return min(event for event in events if event is not None)
+
     def _advance(self, graphs: bool) -> None:
-        """One step, or GRAPH_STEPS replayed as a CUDA graph where nothing in them needs the host."""
+        """The steps up to the next event (:meth:`next_event`) as one CUDA graph where the model allows
+        it (:func:`graph_window`), else one eager step."""
         model, timers = self.model, self.timers
-        if (self.graph is None and graphs and model.step_index >= GRAPH_STEPS
-                and model.capturable(GRAPH_STEPS)):
-            self.graph = StepGraph(self.arch, model, GRAPH_STEPS)
-        with timers.range(f"step {model.step_index + 1}"):
-            if (self.graph is not None and model.step_index + GRAPH_STEPS <= self.final_step
-                    and model.capturable(GRAPH_STEPS) and not self.control.wants_save(model.step_index + 1)
-                    and self.window_is_clear(GRAPH_STEPS)):
-                self.graph.launch(timers)
+        step = model.step_index
+        n_steps = 0
+        if graphs and step >= MIN_GRAPH_STEPS:
+            n_steps = graph_window(step, self.next_event(), model.capturable, self.max_graph_steps)
+        with timers.range(f"steps {step + 1}-{step + max(n_steps, 1)}"):
+            if n_steps:
+                graph = self.graphs.get(n_steps)
+                if graph is None:
+                    graph = self.graphs[n_steps] = self.graph_class(self.arch, model, n_steps)
+                graph.launch(timers)
             else:
                 model.step(timers)
-
-    def window_is_clear(self, n_steps: int) -> bool:
-        """True when no operation with :attr:`~Operation.exact_steps` fires strictly inside the next
-        ``n_steps`` steps, so they may be replayed as one graph (the loop sees only the last of them).
-        A NaN check every 25 steps then still runs at step 25, not only at 50."""
-        step, final = self.model.step_index, self.final_step
-        return not any(operation.exact_steps and operation.trigger(step + k, final)
-                       for operation in self.operations for k in range(1, n_steps))
 
     def _report(self, wall: float, monitor, monitor_extra: dict) -> dict:
         comm, arch, model = self.comm, self.arch, self.model
@@ -293,4 +346,4 @@ class Simulation:
     @property
     def graph_used(self) -> bool:
         """True when steps were replayed as CUDA graphs."""
-        return self.graph is not None
+        return bool(self.graphs)

@@ -119,7 +119,9 @@ class Model:
 
     def capturable(self, n_steps: int) -> bool:
         """True if the next ``n_steps`` steps never synchronise with the host (a CUDA graph can hold
-        them). Default: False."""
+        them) and the model's own output (:meth:`after_step`, called only after the whole replay) needs
+        none of them but the last. The driver asks for ``n_steps`` = 64, 32, ..., 2 (even: ping-pong
+        buffers back in place) and replays the longest allowed. Default: False."""
         return False
 
     def after_step(self, timers, output, final_step: int) -> None:

@@ -32,8 +32,9 @@ class Operation:
     """
 
     #: True when the operation must see the exact step its trigger names: the driver then never replays a
-    #: CUDA graph across that step (False for operations that any later step serves as well, such as
-    #: the progress line, or that make their own arrangements: model output, checkpoints).
+    #: CUDA graph across that step. False for operations that any later step serves as well, such as
+    #: the progress line, or that make their own arrangements (model output: :meth:`Model.capturable`;
+    #: checkpoints: :meth:`RunControl.next_save`): they act after the replay that passes their step.
     exact_steps = True
 
     def __init__(self, trigger: Trigger | None = None):
@@ -71,8 +72,21 @@ def check_finite(comm, arch, model) -> None:
     raise error
 
 
+def warm_up_check_finite(arch, model) -> None:
+    """Run this rank's part of :func:`check_finite` once and drop the answer (no collective, no error).
+
+    On a GPU the first check compiles CuPy's ``isfinite`` and reduction kernels; done before the timed
+    loop, that cost stays out of the timings. The state is not changed.
+    """
+    for value in model.finite_arrays():
+        _finite(value, arch.xp)
+
+
 class NanCheck(Operation):
     """Stop the run with one clear error when the state holds NaN or Inf (:func:`check_finite`)."""
+
+    def begin(self, simulation) -> None:
+        warm_up_check_finite(simulation.arch, simulation.model)
 
     def act(self, simulation) -> None:
         simulation.check_finite()

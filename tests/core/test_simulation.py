@@ -12,7 +12,9 @@ import hpcgpu
 from hpcgpu.app.checksum import hash_arrays
 from hpcgpu.app.cli import FrozenOptions, common_parser, parse_args
 from hpcgpu.errors import ConfigurationError, NumericalError
-from hpcgpu.simulation import AtEnd, Model, Operation, Periodic, Simulation, nccl_channel_limit, use_graphs
+from hpcgpu.simulation import AtEnd, Model, Operation, Periodic, Simulation, Trigger, nccl_channel_limit, use_graphs
+from hpcgpu.simulation import driver
+from hpcgpu.simulation.driver import graph_window
 from hpcgpu.simulation.triggers import Always
 
 
@@ -210,17 +212,137 @@ def test_frozen_options_resolve_without_changing_the_parsed_options(tmp_path):
         frozen.no_such_option
 
 
-def test_graphs_never_replay_across_a_step_an_operation_must_see(tmp_path):
-    """A 2-step graph that would jump over step 25 of a NaN check every 25 steps (or step 7 of an app
-    operation every 7) is not replayed there; progress, model output and checkpoints do not hold it back."""
+class CapturableCounter(Counter):
+    """The toy model as a capturable one; its own output (every ``output_every`` steps, 0: none) must
+    see its steps, so no window may hold one before its last step."""
+
+    def __init__(self, comm, arch, output_every=0, **kwargs):
+        super().__init__(comm, arch, **kwargs)
+        self.output_every = output_every
+        self.windows = []   # (first step, steps) of each replay
+
+    def capturable(self, n_steps):
+        every = self.output_every
+        return not every or not any((self.step_index + k) % every == 0 for k in range(1, n_steps))
+
+
+class FakeGraph:
+    """Stands in for StepGraph on the CPU: records each replay and runs its steps eagerly."""
+
+    captured = []
+
+    def __init__(self, arch, model, n_steps):
+        self.model, self.n_steps = model, n_steps
+        FakeGraph.captured.append(n_steps)
+
+    def launch(self, timers):
+        self.model.windows.append((self.model.step_index, self.n_steps))
+        for _ in range(self.n_steps):
+            self.model.step(timers)
+
+
+class LateRecorder(Recorder):
+    """A recorder that any later step serves (like the progress line)."""
+
+    exact_steps = False
+
+
+def _run_windows(directory, monkeypatch, graphs, final_step, nan_every, operations=(), output_every=0, extra=()):
+    """Run the capturable toy with (``graphs``) or without fake CUDA graphs on the CPU."""
+    monkeypatch.setattr(driver, "use_graphs", lambda graph, arch, model: graphs)
+    monkeypatch.setattr(FakeGraph, "captured", [])
     comm = hpcgpu.Communicator()
     arch = hpcgpu.arch.CPU()
-    model = Counter(comm, arch)
-    simulation = Simulation(comm, arch, model, _options(tmp_path), app="toy", output=tmp_path, final_step=100,
-                            nan_check=Periodic(25), operations=[Recorder(Periodic(7))])
-    blocked = []
-    for step in range(0, 99):
-        model.step_index = step
-        if not simulation.window_is_clear(2):
-            blocked.append(step + 1)
-    assert blocked == [7, 14, 21, 25, 28, 35, 42, 49, 50, 56, 63, 70, 75, 77, 84, 91, 98]
+    model = CapturableCounter(comm, arch, output_every=output_every)
+    simulation = Simulation(comm, arch, model, _options(directory, *extra), app="toy", output=directory,
+                            final_step=final_step, nan_check=Periodic(nan_every), operations=operations)
+    simulation.graph_class = FakeGraph
+    return simulation, model, simulation.run()
+
+
+def _crosses(windows, every):
+    """The windows that hold a multiple of ``every`` before their last step."""
+    return [(s, n) for s, n in windows if any((s + k) % every == 0 for k in range(1, n))]
+
+
+def test_graph_windows_are_the_longest_that_end_by_the_next_event(tmp_path, monkeypatch):
+    """NaN check every 25, checkpoints every 100, final step 1000: steps 1 and 2 eager, then the longest
+    power-of-two windows (2 ... 64) that end no later than the next event, an eager step where an odd
+    number of steps is left."""
+    simulation, model, summary = _run_windows(tmp_path, monkeypatch, True, 1000, 25,
+                                              extra=("--checkpoint-every", "100"))
+    assert model.windows[:12] == [(2, 16), (18, 4), (22, 2),        # eager 25
+                                  (25, 16), (41, 8),                # eager 50
+                                  (50, 16), (66, 8),                # eager 75
+                                  (75, 16), (91, 8),                # eager 100
+                                  (100, 16), (116, 8),              # eager 125
+                                  (125, 16)]
+    assert _crosses(model.windows, 25) == [] and model.step_index == 1000
+    assert sorted(FakeGraph.captured) == [2, 4, 8, 16]                 # each length captured once, when first used
+    assert simulation.graph_used
+    assert simulation.control.last_saved_step == 1000
+    assert summary["checksum"] == hash_arrays([("values", np.arange(13, dtype=np.float64) + 1000)])
+
+
+def test_graph_windows_grow_to_64_steps(tmp_path, monkeypatch):
+    """A NaN check every 100 steps: 98 = 64 + 32 + 2 steps to the first, 64 + 32 + 4 to each next; the
+    final step 1030 ends the last ones. A model whose own output comes every 40 steps refuses windows
+    across those steps (Model.capturable)."""
+    _, model, _ = _run_windows(tmp_path, monkeypatch, True, 1030, 100)
+    assert model.windows[:6] == [(2, 64), (66, 32), (98, 2), (100, 64), (164, 32), (196, 4)]
+    assert model.windows[-4:] == [(1000, 16), (1016, 8), (1024, 4), (1028, 2)]   # up to the final step
+    _, model, _ = _run_windows(tmp_path / "output", monkeypatch, True, 1030, 100, output_every=40)
+    assert _crosses(model.windows, 40) == [] and _crosses(model.windows, 100) == []
+    assert model.windows[:4] == [(2, 32), (34, 4), (38, 2), (40, 32)]
+
+
+def test_graph_windows_give_the_operations_the_steps_of_the_eager_loop(tmp_path, monkeypatch):
+    """Operations that must see their steps (NaN check, an app operation every 7 steps but not at the end)
+    act at the same steps with and without graphs; one that any later step serves acts once per
+    firing, at the end of the window that passed it."""
+    calls = {}
+    for graphs in (False, True):
+        exact, late = Recorder(Periodic(7) & ~AtEnd()), LateRecorder(Periodic(10))
+        _, model, summary = _run_windows(tmp_path / str(graphs), monkeypatch, graphs, 300, 25,
+                                         operations=[exact, late], output_every=30)
+        calls[graphs] = exact.calls, late.calls, summary["checksum"], model.windows
+    exact_eager, late_eager, checksum_eager, windows_eager = calls[False]
+    exact_graph, late_graph, checksum_graph, windows = calls[True]
+    assert windows_eager == [] and windows and _crosses(windows, 7) == []
+    assert exact_graph == exact_eager == ["begin", *range(7, 300, 7), "end"]
+    assert checksum_graph == checksum_eager
+    assert late_eager == ["begin", *range(10, 301, 10), "end"]
+    inside = {s + k for s, n in windows for k in range(1, n)}       # steps the loop never sees
+    reached = [step for step in range(1, 301) if step not in inside]
+    expected = [next(step for step in reached if step >= due) for due in range(10, 301, 10)]
+    assert late_graph[1:-1] == sorted(set(expected)) and late_graph[1:-1] != late_eager[1:-1]
+
+
+def test_graph_window_function():
+    """graph_window: the longest allowed power of two that fits, 0 when not even 2 steps fit."""
+    always = lambda n_steps: True   # noqa: E731
+    assert graph_window(2, 100, always) == 64
+    assert graph_window(66, 100, always) == 32
+    assert graph_window(98, 100, always) == 2
+    assert graph_window(99, 100, always) == 0
+    assert graph_window(0, 1000, always, longest=128) == 128
+    assert graph_window(0, 1000, always, longest=48) == 32           # powers of two only: even
+    assert graph_window(0, 1000, lambda n_steps: n_steps <= 8) == 8  # the model allows 8 at most
+
+
+def test_next_step_agrees_with_asking_every_step():
+    """Trigger.next_step (arithmetic) finds the step that asking trigger(step, final) step by step finds."""
+    leaves = [Periodic(0), Periodic(1), Periodic(2), Periodic(3), Periodic(7), Periodic(25), Periodic(100),
+              AtEnd(), Always()]
+    combined = [a | b for a in leaves for b in leaves] + [a & b for a in leaves for b in leaves] + \
+        [~a for a in leaves] + [a & ~b for a in leaves for b in leaves] + [~(a | b) for a in leaves for b in leaves] + \
+        [(a | b) & ~c for a in leaves[3:6] for b in leaves for c in leaves]
+
+    def probe(trigger, after, final):
+        return next((step for step in range(after + 1, final + 1) if trigger(step, final)), None)
+
+    for trigger in leaves + combined:
+        for final in (0, 1, 7, 60, 101):
+            for after in range(0, final + 2, 3 if final > 7 else 1):
+                assert trigger.next_step(after, final) == probe(trigger, after, final), (trigger, after, final)
+    assert Trigger.next_step(Periodic(4), 5, 10) == 8               # the base class asks step by step
