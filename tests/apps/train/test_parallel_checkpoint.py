@@ -36,8 +36,8 @@ STEPS, SAVE_AT = 10, 4
 BATCH, LOADER_SEED = 24, 11
 
 
-def make_runner(grid, micro_batches=1, spec=SPEC, optimizer="adamw"):
-    config = train_config(STEPS)
+def make_runner(grid, micro_batches=1, spec=SPEC, optimizer="adamw", precision="fp64"):
+    config = train_config(STEPS, precision)
     config.optimizer = optimizer
     return ParallelTrainer(grid, spec, config, micro_batches=micro_batches, bucket_mb=0.002)
 
@@ -69,9 +69,9 @@ def assert_states_equal(found, expected, what):
         assert np.array_equal(np.asarray(found[key]), np.asarray(value)), (what, key)
 
 
-def interrupted_run(comm, sizes, directory, micro_batches=1, optimizer="adamw"):
+def interrupted_run(comm, sizes, directory, micro_batches=1, optimizer="adamw", precision="fp64"):
     """Uninterrupted losses, the state saved at ``SAVE_AT``, the final state and the checkpoint path."""
-    runner = make_runner(make_grid(comm, *sizes), micro_batches, optimizer=optimizer)
+    runner = make_runner(make_grid(comm, *sizes), micro_batches, optimizer=optimizer, precision=precision)
     first = train(runner, 0, SAVE_AT)
     manager = CheckpointManager(comm, directory, app="apps.train")
     info = ShardedCheckpoint(runner).save(manager, history={"loss": list(first)})
@@ -88,10 +88,10 @@ def interrupted_run(comm, sizes, directory, micro_batches=1, optimizer="adamw"):
     return losses, saved, logical_state(runner), info.path
 
 
-def restarted_run(comm, sizes, path, micro_batches=1, optimizer="adamw"):
+def restarted_run(comm, sizes, path, micro_batches=1, optimizer="adamw", precision="fp64"):
     """Restore ``path`` onto a fresh ``sizes`` grid of ``comm``: the state just after the restore, the
     losses of the remaining steps and the final state."""
-    runner = make_runner(make_grid(comm, *sizes), micro_batches, optimizer=optimizer)
+    runner = make_runner(make_grid(comm, *sizes), micro_batches, optimizer=optimizer, precision=precision)
     manager = CheckpointManager(comm, Path(path).parent, app="apps.train")
     history = ShardedCheckpoint(runner).restore(manager, path, steps=STEPS)
     manager.close()
@@ -101,13 +101,14 @@ def restarted_run(comm, sizes, path, micro_batches=1, optimizer="adamw"):
     return loaded, losses, logical_state(runner)
 
 
-def check_restarts(comm, sizes, micro_batches, reshard_to, optimizer="adamw"):
-    """Save on ``sizes``; restart bitwise there and, within LOSS_TOLERANCE, on each grid of ``reshard_to``
+def check_restarts(comm, sizes, micro_batches, reshard_to, optimizer="adamw", precision="fp64",
+                   tolerance=LOSS_TOLERANCE):
+    """Save on ``sizes``; restart bitwise there and, within ``tolerance``, on each grid of ``reshard_to``
     (``(sizes, micro_batches)``; grids of fewer ranks than the job run on its first ranks)."""
     directory = shared_directory(comm)
     try:
-        losses, saved, final, path = interrupted_run(comm, sizes, directory, micro_batches, optimizer)
-        loaded, continued, restarted_final = restarted_run(comm, sizes, path, micro_batches, optimizer)
+        losses, saved, final, path = interrupted_run(comm, sizes, directory, micro_batches, optimizer, precision)
+        loaded, continued, restarted_final = restarted_run(comm, sizes, path, micro_batches, optimizer, precision)
         assert_states_equal(loaded, saved, f"{sizes}: state after the restore")
         assert np.array_equal(continued, losses[SAVE_AT:]), (sizes, continued, losses[SAVE_AT:])
         assert_states_equal(restarted_final, final, f"{sizes}: final state")
@@ -115,10 +116,10 @@ def check_restarts(comm, sizes, micro_batches, reshard_to, optimizer="adamw"):
             n_ranks = int(np.prod(other))
             sub = hpcgpu.Communicator(comm.mpi.Split(0 if comm.rank < n_ranks else 1, comm.rank))
             if comm.rank < n_ranks:
-                loaded, continued, other_final = restarted_run(sub, other, path, other_micro, optimizer)
+                loaded, continued, other_final = restarted_run(sub, other, path, other_micro, optimizer, precision)
                 assert_states_equal(loaded, saved, f"{sizes} -> {other}: state after the restore")
-                assert relative(continued, losses[SAVE_AT:]) <= LOSS_TOLERANCE, (sizes, other)
-                assert relative(other_final["params"], final["params"]) <= LOSS_TOLERANCE, (sizes, other)
+                assert relative(continued, losses[SAVE_AT:]) <= tolerance, (sizes, other)
+                assert relative(other_final["params"], final["params"]) <= tolerance, (sizes, other)
                 if comm.rank == 0:
                     print(f"{sizes} -> {other}: losses {relative(continued, losses[SAVE_AT:]):.2e}, parameters "
                           f"{relative(other_final['params'], final['params']):.2e}")
@@ -178,6 +179,14 @@ def test_tensor_parallel_checkpoint_restarts_bitwise_and_reshards(comm):
 def test_pipeline_checkpoint_restarts_bitwise_and_reshards(comm):
     """Saved at 1 x 1 x 2 (M = 2, SGD with momentum): bitwise on 1 x 1 x 2; resharded onto 1 x 2 x 1."""
     check_restarts(comm, (1, 1, 2), 2, [((1, 2, 1), 1)], optimizer="sgd")
+
+
+@pytest.mark.mpi(ranks=[2], timeout=240)
+def test_mixed_precision_checkpoint_restarts_bitwise_and_reshards(comm):
+    """fp16 compute with fp32 masters and the dynamic loss scaler, saved at 1 x 2 x 1: bitwise on
+    1 x 2 x 1; resharded onto 2 x 1 x 1 with the same fp32 state and losses to 2e-3 (the fp16
+    grid-agreement tolerance of test_tensor_parallel.py)."""
+    check_restarts(comm, (1, 2, 1), 1, [((2, 1, 1), 1)], precision="fp16", tolerance=2e-3)
 
 
 @pytest.mark.mpi(ranks=[2], timeout=120)
