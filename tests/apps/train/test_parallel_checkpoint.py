@@ -19,7 +19,7 @@ import h5py
 import numpy as np
 import pytest
 
-from distributed_cases import synthetic_data
+from distributed_cases import gpu_arch_or_skip, synthetic_data
 from test_tensor_parallel import LOSS_TOLERANCE, SPEC, NoCollectives, fake_grid, relative, train_config
 
 import hpcgpu
@@ -36,10 +36,10 @@ STEPS, SAVE_AT = 10, 4
 BATCH, LOADER_SEED = 24, 11
 
 
-def make_runner(grid, micro_batches=1, spec=SPEC, optimizer="adamw", precision="fp64"):
+def make_runner(grid, micro_batches=1, spec=SPEC, optimizer="adamw", precision="fp64", arch=None):
     config = train_config(STEPS, precision)
     config.optimizer = optimizer
-    return ParallelTrainer(grid, spec, config, micro_batches=micro_batches, bucket_mb=0.002)
+    return ParallelTrainer(grid, spec, config, arch=arch, micro_batches=micro_batches, bucket_mb=0.002)
 
 
 def train(runner, start, n_steps):
@@ -47,7 +47,7 @@ def train(runner, start, n_steps):
     x, y = synthetic_data()
     grid = runner.grid
     with ShardedLoader(ArraySource(x, y), BATCH, seed=LOADER_SEED, rank=grid.data_rank,
-                       n_ranks=grid.data_size, start_step=start) as loader:
+                       n_ranks=grid.data_size, start_step=start, arch=runner.arch) as loader:
         return np.array(train_steps(runner, loader, n_steps))
 
 
@@ -220,3 +220,34 @@ def test_hybrid_checkpoint_restarts_bitwise_and_reshards(comm):
     Saved at 2 x 2 x 1: bitwise there."""
     check_restarts(comm, (1, 2, 2), 2, [((2, 1, 1), 1), ((2, 2, 1), 1)])
     check_restarts(comm, (2, 2, 1), 1, [])
+
+
+# ------------------------------------------------------------------ GPU (1 and 2 GPUs)
+
+@pytest.mark.gpu
+@pytest.mark.mpi(ranks=[1, 2], timeout=300)
+def test_gpu_checkpoint_restarts_bitwise_and_on_the_cpu(comm):
+    """On GPUs (1 x N x 1, fp64): a restart is bitwise the uninterrupted GPU run, and the GPU
+    checkpoint restores onto a CPU runner of the same grid with the same unsplit state."""
+    arch = gpu_arch_or_skip(comm)
+    sizes = (1, comm.size, 1)
+    directory = shared_directory(comm)
+    try:
+        runner = make_runner(make_grid(comm, *sizes), arch=arch)
+        first = train(runner, 0, SAVE_AT)
+        manager = CheckpointManager(comm, directory, app="apps.train")
+        path = ShardedCheckpoint(runner).save(manager).path
+        saved = logical_state(runner)
+        losses = np.concatenate([first, train(runner, SAVE_AT, STEPS - SAVE_AT)])
+        final = logical_state(runner)
+        restarted = make_runner(make_grid(comm, *sizes), arch=arch)
+        ShardedCheckpoint(restarted).restore(manager, path, steps=STEPS)
+        assert_states_equal(logical_state(restarted), saved, "GPU restart")
+        assert np.array_equal(train(restarted, SAVE_AT, STEPS - SAVE_AT), losses[SAVE_AT:])
+        assert_states_equal(logical_state(restarted), final, "GPU final state")
+        on_cpu = make_runner(make_grid(comm, *sizes))
+        ShardedCheckpoint(on_cpu).restore(manager, path, steps=STEPS)
+        assert_states_equal(logical_state(on_cpu), saved, "GPU checkpoint on the CPU")
+        manager.close()
+    finally:
+        remove_directory(comm, directory)
