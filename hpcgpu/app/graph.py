@@ -4,7 +4,7 @@ The steps are captured once on the compute stream; kernels, halo packing and NCC
 communication stream (which joins the capture through events) all become graph nodes. Replaying
 costs one launch instead of dozens. Only steps that never synchronise with the host can be
 captured: the driver asks the model (``capturable(n)``) before each replay. The simulation driver keeps
-one graph per length it replays (2, 4, ..., 64 steps: :func:`hpcgpu.simulation.driver.graph_window`).
+one graph per length it replays (2, 4, ..., 32 steps: :func:`hpcgpu.simulation.driver.graph_window`).
 """
 
 from __future__ import annotations

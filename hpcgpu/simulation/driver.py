@@ -35,9 +35,12 @@ from hpcgpu.transport.selection import select_transport, transport_choice
 MIN_GRAPH_STEPS = 2
 
 #: The longest CUDA graph, in steps. Graphs are powers of two from :data:`MIN_GRAPH_STEPS` up to this,
-#: each captured the first time a window of its length comes up: at most 6 graphs of together at most
-#: 126 steps of nodes. A stop request (signal, wall-time limit) waits at most one graph.
-MAX_GRAPH_STEPS = 64
+#: each captured the first time a window of its length comes up (inside the timed loop: a capture costs
+#: about what running its steps eagerly costs): at most 5 graphs of together at most 62 steps of nodes.
+#: Longer graphs would save little: a NaN check every 100 steps is 32 + 32 + 32 + 4 steps, 4 launches,
+#: where graphs up to 64 steps would need 3 launches but 102 captured steps instead of 38. A stop
+#: request (signal, wall-time limit) waits at most one graph.
+MAX_GRAPH_STEPS = 32
 
 
 def graph_window(step: int, horizon: int, capturable_fn, longest: int = MAX_GRAPH_STEPS) -> int:
@@ -46,7 +49,7 @@ def graph_window(step: int, horizon: int, capturable_fn, longest: int = MAX_GRAP
     The longest power of two from :data:`MIN_GRAPH_STEPS` up to ``longest`` steps that ends no later than
     ``horizon`` (the next step at which the host has work: an operation that must see that step, a
     checkpoint, the final step) and that ``capturable_fn(n_steps)`` (:meth:`Model.capturable`) allows.
-    A horizon 98 steps ahead, for instance, is reached in windows of 64, 32 and 2 steps.
+    A horizon 98 steps ahead, for instance, is reached in windows of 32, 32, 32 and 2 steps.
     """
     room = horizon - step
     n_steps = MIN_GRAPH_STEPS
@@ -198,7 +201,7 @@ class Simulation:
             -> model.prepare() -> barrier; the clock starts
             repeat until final_step:
                 advance: one eager step, or, on a GPU from step 2 on, a CUDA graph replay of the
-                   steps up to the next event (2, 4, ..., 64 steps; graph_window, next_event)
+                   steps up to the next event (2, 4, ..., 32 steps; graph_window, next_event)
                 -> NaN check (its trigger) -> model.after_step (output) -> app operations
                 -> progress -> checkpoint every --checkpoint-every steps; on SIGTERM/SIGUSR1 or
                    near the wall-time limit: final checkpoint, exit 75 (requeue)

@@ -120,7 +120,7 @@ class Model:
     def capturable(self, n_steps: int) -> bool:
         """True if the next ``n_steps`` steps never synchronise with the host (a CUDA graph can hold
         them) and the model's own output (:meth:`after_step`, called only after the whole replay) needs
-        none of them but the last. The driver asks for ``n_steps`` = 64, 32, ..., 2 (even: ping-pong
+        none of them but the last. The driver asks for ``n_steps`` = 32, 16, ..., 2 (even: ping-pong
         buffers back in place) and replays the longest allowed. Default: False."""
         return False
 

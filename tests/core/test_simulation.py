@@ -267,7 +267,7 @@ def _crosses(windows, every):
 
 def test_graph_windows_are_the_longest_that_end_by_the_next_event(tmp_path, monkeypatch):
     """NaN check every 25, checkpoints every 100, final step 1000: steps 1 and 2 eager, then the longest
-    power-of-two windows (2 ... 64) that end no later than the next event, an eager step where an odd
+    power-of-two windows (2 ... 32) that end no later than the next event, an eager step where an odd
     number of steps is left."""
     simulation, model, summary = _run_windows(tmp_path, monkeypatch, True, 1000, 25,
                                               extra=("--checkpoint-every", "100"))
@@ -284,12 +284,13 @@ def test_graph_windows_are_the_longest_that_end_by_the_next_event(tmp_path, monk
     assert summary["checksum"] == hash_arrays([("values", np.arange(13, dtype=np.float64) + 1000)])
 
 
-def test_graph_windows_grow_to_64_steps(tmp_path, monkeypatch):
-    """A NaN check every 100 steps: 98 = 64 + 32 + 2 steps to the first, 64 + 32 + 4 to each next; the
+def test_graph_windows_grow_to_the_longest_graph(tmp_path, monkeypatch):
+    """A NaN check every 100 steps: 98 = 3 x 32 + 2 steps to the first, 3 x 32 + 4 to each next; the
     final step 1030 ends the last ones. A model whose own output comes every 40 steps refuses windows
     across those steps (Model.capturable)."""
     _, model, _ = _run_windows(tmp_path, monkeypatch, True, 1030, 100)
-    assert model.windows[:6] == [(2, 64), (66, 32), (98, 2), (100, 64), (164, 32), (196, 4)]
+    assert model.windows[:8] == [(2, 32), (34, 32), (66, 32), (98, 2), (100, 32), (132, 32), (164, 32), (196, 4)]
+    assert sorted(FakeGraph.captured) == [2, 4, 8, 16, 32]
     assert model.windows[-4:] == [(1000, 16), (1016, 8), (1024, 4), (1028, 2)]   # up to the final step
     _, model, _ = _run_windows(tmp_path / "output", monkeypatch, True, 1030, 100, output_every=40)
     assert _crosses(model.windows, 40) == [] and _crosses(model.windows, 100) == []
@@ -321,8 +322,9 @@ def test_graph_windows_give_the_operations_the_steps_of_the_eager_loop(tmp_path,
 def test_graph_window_function():
     """graph_window: the longest allowed power of two that fits, 0 when not even 2 steps fit."""
     always = lambda n_steps: True   # noqa: E731
-    assert graph_window(2, 100, always) == 64
-    assert graph_window(66, 100, always) == 32
+    assert graph_window(2, 100, always) == 32                       # MAX_GRAPH_STEPS
+    assert graph_window(2, 100, always, longest=64) == 64
+    assert graph_window(66, 100, always, longest=64) == 32
     assert graph_window(98, 100, always) == 2
     assert graph_window(99, 100, always) == 0
     assert graph_window(0, 1000, always, longest=128) == 128
