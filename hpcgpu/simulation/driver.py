@@ -297,7 +297,7 @@ class Simulation:
         n_steps = 0
         if graphs and step >= MIN_GRAPH_STEPS:
             n_steps = graph_window(step, self.next_event(), model.capturable, self.max_graph_steps)
-        with timers.range(f"steps {step + 1}-{step + max(n_steps, 1)}"):
+        with timers.range(f"steps {step + 1}-{step + n_steps}" if n_steps else f"step {step + 1}"):
             if n_steps:
                 graph = self.graphs.get(n_steps)
                 if graph is None:
