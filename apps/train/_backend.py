@@ -17,6 +17,10 @@ from hpcgpu.errors import ConfigurationError
 #: 16-bit floating-point storage dtypes whose arithmetic runs in float32 ("opmath").
 HALF_DTYPE_NAMES = ("float16", "bfloat16")
 
+#: Names of the bfloat16 dtypes: ``ml_dtypes.bfloat16`` on the CPU; on the GPU (CuPy has no
+#: bfloat16) ``uint16`` arrays of bit patterns -- the training code has no other uint16 arrays.
+BFLOAT16_NAMES = ("bfloat16", "uint16")
+
 
 def bfloat16_dtype():
     """NumPy's bfloat16 dtype (from ``ml_dtypes``: 8 exponent bits, 7 mantissa bits).
@@ -36,8 +40,18 @@ def bfloat16_dtype():
 
 
 def is_bfloat16(dtype):
-    """True for ``ml_dtypes.bfloat16`` (tested by name: no import of ml_dtypes needed)."""
-    return np.dtype(dtype).name == "bfloat16"
+    """True for a bfloat16 dtype: ``ml_dtypes.bfloat16`` (tested by name: no import of ml_dtypes
+    needed) or the ``uint16`` bit patterns that hold bfloat16 on the GPU."""
+    return np.dtype(dtype).name in BFLOAT16_NAMES
+
+
+def to_float32(array):
+    """A float32 copy of a float array; bfloat16 (either form) is widened exactly."""
+    if is_cupy(array) and array.dtype.name == "uint16":
+        import cupy
+
+        return (array.astype(cupy.uint32) << 16).view(cupy.float32)
+    return array.astype(np.float32)
 
 
 def is_half(dtype):

@@ -7,7 +7,12 @@ float for float16 and float32 (as PyTorch's "opmath"), double for float64.
 
 float16 values travel as their 16-bit patterns and are converted with the PTX
 ``cvt`` instructions, so the kernels need no ``cuda_fp16.h`` (whose location
-depends on how CUDA and CuPy were installed).
+depends on how CUDA and CuPy were installed). bfloat16 values (CuPy has no
+bfloat16 dtype: on the GPU they are ``uint16`` arrays of bit patterns) travel as
+``bfloat16_storage``, a distinct 16-bit type so that the overloads pick the right
+conversion, and are converted by integer arithmetic (no ``cuda_bf16.h`` either):
+to float by a 16-bit shift, from float with round-to-nearest-even and NaN kept
+(:func:`apps.train.precision.bfloat16_bits` is the NumPy twin of ``float_to_bfloat16``).
 
 ``block_sum`` is a deterministic block-wide sum: warp shuffles, then one warp
 over the per-warp partials, always in the same order -- the same inputs give
@@ -17,6 +22,23 @@ the GELU kernels and the LayerNorm kernels that apply GELU to their output.
 """
 
 CUDA_HELPERS = r"""
+// bfloat16 bit pattern (the upper half of a float32): its own type, so that the overloads
+// below are not float16's (unsigned short)
+struct __align__(2) bfloat16_storage { unsigned short bits; };
+
+__device__ __forceinline__ float bfloat16_to_float(unsigned short bits) {
+    return __uint_as_float(((unsigned int)bits) << 16);
+}
+
+// round to nearest even; NaN -> the quiet NaN 0x7fc0 with its sign (as ml_dtypes)
+__device__ __forceinline__ unsigned short float_to_bfloat16(float value) {
+    const unsigned int bits = __float_as_uint(value);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        return (unsigned short)(((bits >> 16) & 0x8000u) | 0x7fc0u);
+    }
+    return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
 template <typename S> struct MathType { typedef float type; };
 template <> struct MathType<double> { typedef double type; };
 
@@ -25,6 +47,9 @@ __device__ __forceinline__ float load_math(const unsigned short* values, long lo
     asm("cvt.f32.f16 %0, %1;" : "=f"(result) : "h"(values[i]));
     return result;
 }
+__device__ __forceinline__ float load_math(const bfloat16_storage* values, long long i) {
+    return bfloat16_to_float(values[i].bits);
+}
 __device__ __forceinline__ float load_math(const float* values, long long i) { return values[i]; }
 __device__ __forceinline__ double load_math(const double* values, long long i) { return values[i]; }
 
@@ -32,6 +57,9 @@ __device__ __forceinline__ void store_math(unsigned short* values, long long i, 
     unsigned short bits;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));
     values[i] = bits;
+}
+__device__ __forceinline__ void store_math(bfloat16_storage* values, long long i, float value) {
+    values[i].bits = float_to_bfloat16(value);
 }
 __device__ __forceinline__ void store_math(float* values, long long i, float value) { values[i] = value; }
 __device__ __forceinline__ void store_math(double* values, long long i, double value) { values[i] = value; }
@@ -44,6 +72,9 @@ __device__ __forceinline__ float round_to_storage(const unsigned short*, float v
     float result;
     asm("cvt.f32.f16 %0, %1;" : "=f"(result) : "h"(bits));
     return result;
+}
+__device__ __forceinline__ float round_to_storage(const bfloat16_storage*, float value) {
+    return bfloat16_to_float(float_to_bfloat16(value));
 }
 __device__ __forceinline__ float round_to_storage(const float*, float value) { return value; }
 __device__ __forceinline__ double round_to_storage(const double*, double value) { return value; }
@@ -118,11 +149,15 @@ __device__ __forceinline__ M gelu_derivative(M v) {
 }
 """
 
-#: C++ storage type of each NumPy dtype name in the kernel templates.
-STORAGE_TYPES = {"float16": "unsigned short", "float32": "float", "float64": "double"}
+#: The CuPy dtype of bfloat16 arrays on the GPU: their bit patterns.
+BFLOAT16_BITS = "uint16"
+
+#: C++ storage type of each (CuPy) dtype name in the kernel templates.
+STORAGE_TYPES = {"float16": "unsigned short", BFLOAT16_BITS: "bfloat16_storage", "float32": "float",
+                 "float64": "double"}
 
 #: Elements of each storage dtype in one 16-byte ``Pack`` access.
-VECTOR_WIDTH = {"float16": 8, "float32": 4, "float64": 2}
+VECTOR_WIDTH = {"float16": 8, BFLOAT16_BITS: 8, "float32": 4, "float64": 2}
 
 
 def math_dtype(dtype_name):

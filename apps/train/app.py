@@ -108,7 +108,7 @@ def build_parser(rank: int = 0):
                             "before the last [1]")
     optim.add_argument("--precision", choices=PRECISIONS, default="fp32",
                        help="fp16: mixed precision (fp32 masters, dynamic loss scaling); bf16: mixed precision "
-                            "(fp32 masters, no loss scaling; CPU only for now); fp64 for testing [fp32]")
+                            "(fp32 masters, no loss scaling); fp64 for testing [fp32]")
     optim.add_argument("--loss-scale", type=float, default=2.0**16, help="fp16: initial loss scale [65536]")
     par = parser.add_argument_group("parallelism")
     par.add_argument("--zero", type=int, choices=(0, 1), default=0,
@@ -182,12 +182,7 @@ def resolve_options(options, comm) -> FrozenOptions:
         raise ConfigurationError(f"--bucket-mb must be positive, got {options.bucket_mb}")
     if not options.loss_scale >= 1:
         raise ConfigurationError(f"--loss-scale must be >= 1, got {options.loss_scale}")
-    if options.precision == "bf16" and uses_split_model(options):
-        raise ConfigurationError(
-            "--precision bf16 is not supported with --model residual-mlp (the tensor/pipeline-parallel "
-            "trainer) yet; use --precision fp32 or fp16 there, or bf16 with --model mlp, cnn or large-mlp")
-    if options.precision == "bf16" and options.backend == "cupy":
-        raise ConfigurationError(_BF16_GPU)
+    check_bf16(options, is_gpu=options.backend == "cupy")
     check_split_model(options, comm.size)
     # the backend is not chosen yet: "auto" leaves the GPU check to make_sync
     check_allreduce(comm, options.allreduce, is_gpu={"cupy": True, "numpy": False}.get(options.backend),
@@ -206,8 +201,26 @@ def resolve_options(options, comm) -> FrozenOptions:
     return options
 
 
-_BF16_GPU = ("--precision bf16 runs on the CPU only for now (CuPy has no bfloat16 dtype and the GPU "
-             "kernels do not take bfloat16 yet); use --precision fp16 on the GPU, or --backend numpy")
+def check_bf16(options, is_gpu) -> None:
+    """Refuse what ``--precision bf16`` cannot do yet (the same ConfigurationError on every rank)."""
+    if options.precision != "bf16":
+        return
+    if uses_split_model(options):
+        raise ConfigurationError(
+            "--precision bf16 is not supported with --model residual-mlp (the tensor/pipeline-parallel "
+            "trainer) yet; use --precision fp32 or fp16 there, or bf16 with --model mlp, cnn or large-mlp")
+    if not is_gpu:
+        return
+    gpu_problems = (
+        (options.model == "cnn", "--model cnn (its convolutions have no bfloat16 GPU kernels yet)"),
+        (options.zero == 1, "--zero 1 (the reduce-scatter would sum bfloat16 bit patterns)"),
+        (options.allreduce == "peer", "--allreduce peer (its add kernel takes no bfloat16)"),
+    )
+    for found, what in gpu_problems:
+        if found:
+            raise ConfigurationError(
+                f"--precision bf16 on the GPU does not support {what} yet; use --precision fp16 for it, "
+                "or --backend numpy")
 
 
 def uses_split_model(options) -> bool:
@@ -370,9 +383,8 @@ def run(options, comm) -> dict:
     with nccl_channel_limit(config.nccl_channels):
         arch = setup_architecture(comm, config)   # arch.auto, then the job's transport (--transport)
         check_allreduce(comm, config.allreduce, is_gpu=arch.is_gpu, zero_stage=config.zero)   # --backend auto
-        if config.precision == "bf16" and arch.is_gpu:
-            # arch.auto chose the backend on every rank together: every rank raises the same message
-            raise ConfigurationError(_BF16_GPU)
+        # arch.auto chose the backend on every rank together: every rank raises the same message
+        check_bf16(config, is_gpu=arch.is_gpu)
         output = prepare_output(comm, arch, config)   # checks every output path first; OUTPUT/environment.json
         data = load_data(config, comm)
         if config.batch_size > data.source.n_samples:

@@ -12,13 +12,18 @@ large MLP), so they must run at memory bandwidth:
 * :func:`scaled_copy` -- ``target = float32(source) * factor`` in one pass (the
   fp16 -> fp32 unscaling of mixed precision), instead of a cast pass and a
   multiply pass.
+* :func:`round_to_bfloat16` -- float32 -> bfloat16 (the refresh of the bf16 compute
+  copy, the input batch). On a GPU bfloat16 arrays are ``uint16`` bit patterns (CuPy
+  has no bfloat16 dtype), so the few elementwise operations the layers apply to
+  bfloat16 activations there are kernels here too: :func:`add_bias_bfloat16`,
+  :func:`scale_bfloat16`, :func:`positive_bfloat16`.
 """
 
 import functools
 
 import numpy as np
 
-from ._backend import check_float_array, is_cupy
+from ._backend import check_float_array, is_bfloat16, is_cupy
 from ._cuda_source import CUDA_HELPERS, STORAGE_TYPES
 
 #: Thread blocks of the first reduction stage (fixed: the summation order, and so the
@@ -46,7 +51,7 @@ def scaled_copy(source, target, factor):
 
     Parameters
     ----------
-    source : ndarray, 1-D float16 or float32
+    source : ndarray, 1-D float16, bfloat16 or float32
     target : ndarray of float32, shape of ``source``, same backend
     factor : float
         Rounded to float32 first (bitwise the CPU's cast-then-multiply).
@@ -62,14 +67,101 @@ def scaled_copy(source, target, factor):
         raise TypeError("scaled_copy: source and target must be on the same backend")
     factor = np.float32(factor)
     if is_cupy(target):
-        _scaled_copy_kernel()(source, factor, target)
+        if is_bfloat16(source.dtype):
+            _bfloat16_kernels()["scaled_copy"](source, factor, target)
+        else:
+            _scaled_copy_kernel()(source, factor, target)
         return None
     target[...] = source
     target *= factor
     return None
 
 
+def round_to_bfloat16(source, target):
+    """``target[...] = bfloat16(source)``, round to nearest even; returns None.
+
+    Parameters
+    ----------
+    source : ndarray of float32
+    target : ndarray of bfloat16 (CPU: ``ml_dtypes.bfloat16``; GPU: ``uint16`` bit patterns),
+        shape of ``source``, same backend; written in place (views stay valid).
+    """
+    if source.dtype != np.float32 or not is_bfloat16(target.dtype) or source.shape != target.shape:
+        raise ValueError(
+            f"round_to_bfloat16: expected float32 source and a bfloat16 target of the same shape, found "
+            f"{source.dtype}{tuple(source.shape)} and {target.dtype}{tuple(target.shape)}")
+    if is_cupy(source) != is_cupy(target):
+        raise TypeError("round_to_bfloat16: source and target must be on the same backend")
+    if is_cupy(target):
+        _bfloat16_kernels()["round"](source, target)
+    else:
+        target[...] = source
+    return None
+
+
+def add_bias_bfloat16(y, bias):
+    """GPU: ``y += bias`` along the last axis for bfloat16 bit patterns (sum in float32, rounded
+    once, as NumPy's bfloat16 addition); returns None."""
+    _bfloat16_kernels()["add_bias"](bias, np.int64(bias.shape[0]), y)
+
+
+def scale_bfloat16(x, scale):
+    """GPU: ``x * bfloat16(scale)`` for bfloat16 bit patterns (product in float32, rounded once);
+    returns a new array."""
+    scale_bits = _float_to_bfloat16_host(scale)
+    scale_value = np.array([scale_bits << 16], dtype=np.uint32).view(np.float32)[0]
+    return _bfloat16_kernels()["scale"](x, scale_value)
+
+
+def positive_bfloat16(x):
+    """GPU: ``x > 0`` for bfloat16 bit patterns (a positive finite number or +inf; not NaN)."""
+    return _bfloat16_kernels()["positive"](x)
+
+
+def _float_to_bfloat16_host(value):
+    bits = int(np.array(value, dtype=np.float32).view(np.uint32))
+    return (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+
+
 # ----------------------------------------------------------------- GPU (CuPy) --
+
+_BFLOAT16_PREAMBLE = r"""
+__device__ __forceinline__ float bf16_load(unsigned short bits) {
+    return __uint_as_float(((unsigned int)bits) << 16);
+}
+__device__ __forceinline__ unsigned short bf16_store(float value) {
+    const unsigned int bits = __float_as_uint(value);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        return (unsigned short)(((bits >> 16) & 0x8000u) | 0x7fc0u);
+    }
+    return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _bfloat16_kernels():
+    """The elementwise kernels on bfloat16 bit patterns (``uint16`` CuPy arrays)."""
+    import cupy
+
+    def kernel(in_params, out_params, body, name):
+        return cupy.ElementwiseKernel(in_params, out_params, body, f"hpcgpu_train_bf16_{name}",
+                                      preamble=_BFLOAT16_PREAMBLE)
+
+    return {
+        "round": kernel("float32 source", "uint16 target", "target = bf16_store(source)", "round"),
+        # factor 1 (bf16 mixed precision's widening): a pure bit move, exact also for subnormals
+        "scaled_copy": kernel("uint16 source, float32 factor", "float32 target",
+                              "target = factor == 1.0f ? bf16_load(source) : bf16_load(source) * factor",
+                              "scaled_copy"),
+        "add_bias": kernel("raw uint16 bias, int64 n_cols", "uint16 y",
+                           "y = bf16_store(bf16_load(y) + bf16_load(bias[i % n_cols]))", "add_bias"),
+        "scale": kernel("uint16 x, float32 scale", "uint16 y", "y = bf16_store(bf16_load(x) * scale)",
+                        "scale"),
+        # (bits - 1) as 16 bits is below 0x7f80 exactly for +min subnormal .. +inf
+        "positive": kernel("uint16 x", "bool positive",
+                           "positive = (unsigned short)(x - 1) < (unsigned short)0x7f80u", "positive"),
+    }
 
 _SUM_OF_SQUARES_SOURCE = CUDA_HELPERS + r"""
 template <typename S>

@@ -18,8 +18,8 @@ gradient) and one write, 16-byte vector loads and stores (4 float32 / 8 float16
 per access) when the buffers are aligned, arithmetic in float32 for float16 and
 float32 data (float64 for float64), instead of the ~10 array expressions (each a
 full pass over memory) of the NumPy formulation. CPU: the NumPy expressions, which
-are also the reference of the GPU parity tests; bfloat16 (CPU only) is computed in
-float32 and rounded once, as the GPU kernels do for float16.
+are also the reference of the GPU parity tests; bfloat16 is computed in float32 and
+rounded once, as the GPU kernels do (bfloat16 travels there as ``uint16`` bit patterns).
 """
 
 import functools

@@ -11,9 +11,10 @@ defaults): float16 operands -> ``CUBLAS_COMPUTE_32F`` (tensor cores, float32
 accumulation, as ``torch.autocast``); float32 -> ``CUBLAS_COMPUTE_32F`` (plain
 IEEE float32, no TF32 -- ``torch.backends.cuda.matmul.allow_tf32`` is False by
 default and the benchmark keeps it so); float64 -> ``CUBLAS_COMPUTE_64F``.
-bfloat16 (CPU only for now, ``ml_dtypes.bfloat16``): the product, plus ``out``
-when accumulating, in float32, rounded to bfloat16 once -- what cuBLAS's
-``CUDA_R_16BF`` with ``CUBLAS_COMPUTE_32F`` computes.
+bfloat16 (CPU: ``ml_dtypes.bfloat16`` arrays; GPU: ``uint16`` arrays of bit patterns,
+as CuPy has no bfloat16) -> ``CUDA_R_16BF`` with ``CUBLAS_COMPUTE_32F`` (tensor cores,
+float32 accumulation, one rounding of ``alpha op(a) op(b) + beta out`` to bfloat16);
+the CPU computes the same in float32.
 
 Row-major/column-major: cuBLAS is column-major, and a C-contiguous ``(r, c)``
 array is the column-major ``(c, r)`` matrix, its transpose. So ``out = A B``
@@ -25,7 +26,10 @@ import numpy as np
 
 from ._backend import check_float_array, is_bfloat16, is_cupy
 
-_DTYPES = ("float16", "bfloat16", "float32", "float64")
+_DTYPES = ("float16", "bfloat16", "uint16", "float32", "float64")
+
+#: cudaDataType_t of bfloat16 (library_types.h), for CuPy versions that do not export it.
+_CUDA_R_16BF = 14
 
 
 def gemm(a, b, out, *, transpose_a=False, transpose_b=False, accumulate=False):
@@ -34,7 +38,8 @@ def gemm(a, b, out, *, transpose_a=False, transpose_b=False, accumulate=False):
     Parameters
     ----------
     a, b : ndarray, 2-D
-        Same backend and dtype (float16, bfloat16 (CPU), float32 or float64) as ``out``.
+        Same backend and dtype (float16, bfloat16 -- ``uint16`` bit patterns on the GPU --,
+        float32 or float64) as ``out``.
         ``op(a) = a.T`` when ``transpose_a`` (likewise for ``b``).
     out : ndarray, shape ``(op(a).shape[0], op(b).shape[1])``
         C-contiguous (e.g. a view of a flat gradient buffer); written in place.
@@ -48,6 +53,9 @@ def gemm(a, b, out, *, transpose_a=False, transpose_b=False, accumulate=False):
             )
         if is_cupy(array) != is_cupy(out):
             raise TypeError(f"gemm: {name} is on a different backend than out")
+        if array.dtype.name == "uint16" and not is_cupy(array):
+            raise TypeError("gemm: uint16 (bfloat16 bit patterns) is the GPU's bfloat16; on the CPU "
+                            "use ml_dtypes.bfloat16 arrays")
     rows, inner_a = (a.shape[1], a.shape[0]) if transpose_a else a.shape
     inner_b, columns = (b.shape[1], b.shape[0]) if transpose_b else b.shape
     if inner_a != inner_b or out.shape != (rows, columns):
@@ -103,14 +111,14 @@ def _gemm_cupy(a, b, out, transpose_a, transpose_b, accumulate):
             out.fill(0)
         return
     dtype = out.dtype.name
-    data_type = {"float16": runtime.CUDA_R_16F, "float32": runtime.CUDA_R_32F,
-                 "float64": runtime.CUDA_R_64F}[dtype]
+    data_type = {"float16": runtime.CUDA_R_16F, "uint16": getattr(runtime, "CUDA_R_16BF", _CUDA_R_16BF),
+                 "float32": runtime.CUDA_R_32F, "float64": runtime.CUDA_R_64F}[dtype]
     if dtype == "float64":
         compute_type, scalars = cublas.CUBLAS_COMPUTE_64F, _SCALARS["float64"]
     else:
         compute_type, scalars = cublas.CUBLAS_COMPUTE_32F, _SCALARS["float32"]
-    # float16: let cuBLAS pick tensor-core kernels (what CuPy's matmul does); float32 stays IEEE
-    algorithm = (cublas.CUBLAS_GEMM_DEFAULT_TENSOR_OP if dtype == "float16"
+    # float16/bfloat16: let cuBLAS pick tensor-core kernels (what CuPy's matmul does); float32 stays IEEE
+    algorithm = (cublas.CUBLAS_GEMM_DEFAULT_TENSOR_OP if dtype in ("float16", "uint16")
                  else cublas.CUBLAS_GEMM_DEFAULT)
     alpha, beta = scalars[1], scalars[1 if accumulate else 0]
     handle = device.get_cublas_handle()

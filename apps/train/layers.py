@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._backend import array_module, is_bfloat16, is_cupy
+from .buffer_kernels import add_bias_bfloat16, positive_bfloat16, scale_bfloat16
 from .gelu_kernels import gelu_backward, gelu_forward
 from .gemm import gemm
 from .layernorm_kernels import layer_norm_backward, layer_norm_forward
@@ -47,6 +48,8 @@ def _gemm_ready(x, weight):
 def _ones_row_cached(n, dtype_name, device_id):
     import cupy
 
+    if dtype_name == "uint16":      # bfloat16 bit patterns: 1.0 is 0x3f80
+        return cupy.full((1, n), 0x3F80, dtype=cupy.uint16)
     return cupy.ones((1, n), dtype=dtype_name)
 
 
@@ -188,6 +191,8 @@ class Linear(Layer):
             bias = self.params["bias"]
             if self.defer_bias and y.dtype == bias.dtype:
                 self.deferred_bias = bias
+            elif _is_gpu_bfloat16(y):
+                add_bias_bfloat16(y, bias)
             else:
                 y += bias
         return y
@@ -237,12 +242,17 @@ class Linear(Layer):
         return f"Linear({self.in_features}, {self.out_features})"
 
 
+def _is_gpu_bfloat16(array):
+    """True for a CuPy array of bfloat16 bit patterns (uint16): integer arithmetic would be wrong."""
+    return is_cupy(array) and array.dtype.name == "uint16"
+
+
 class ReLU(Layer):
     """``y = max(x, 0)``; the gradient at exactly 0 is taken as 0."""
 
     def forward(self, x, ctx):
         xp = array_module(x)
-        self._saved_positive = x > 0
+        self._saved_positive = positive_bfloat16(x) if _is_gpu_bfloat16(x) else x > 0
         return xp.where(self._saved_positive, x, xp.zeros((), dtype=x.dtype))
 
     def backward(self, grad_out):
@@ -384,8 +394,13 @@ class Dropout(Layer):
         mask = keep_mask(sample_index, n_elements, ctx.seed, ctx.step, self.stream or 0,
                          1.0 - self.p).reshape(x.shape)
         self._saved_mask = mask
-        scale = xp.asarray(1.0 / (1.0 - self.p), dtype=x.dtype)
-        return xp.where(mask, x * scale, xp.zeros((), dtype=x.dtype))
+        return xp.where(mask, self._scaled(x), xp.zeros((), dtype=x.dtype))
+
+    def _scaled(self, values):
+        """``values / (1 - p)``, the factor rounded to the values' dtype."""
+        if _is_gpu_bfloat16(values):
+            return scale_bfloat16(values, 1.0 / (1.0 - self.p))
+        return values * array_module(values).asarray(1.0 / (1.0 - self.p), dtype=values.dtype)
 
     def backward(self, grad_out):
         if self._identity:
@@ -393,8 +408,7 @@ class Dropout(Layer):
         if self._saved_mask is None:
             raise RuntimeError(f"{self.name}: backward called without a preceding forward")
         xp = array_module(grad_out)
-        scale = xp.asarray(1.0 / (1.0 - self.p), dtype=grad_out.dtype)
-        return xp.where(self._saved_mask, grad_out * scale, xp.zeros((), dtype=grad_out.dtype))
+        return xp.where(self._saved_mask, self._scaled(grad_out), xp.zeros((), dtype=grad_out.dtype))
 
     def __repr__(self):
         return f"Dropout(p={self.p})"

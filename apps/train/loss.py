@@ -20,7 +20,7 @@ import functools
 
 import numpy as np
 
-from ._backend import array_module, check_float_array, is_cupy, upcast_half
+from ._backend import array_module, check_float_array, is_cupy, to_float32, upcast_half
 from ._cuda_source import CUDA_HELPERS, STORAGE_TYPES, math_dtype
 
 
@@ -83,6 +83,8 @@ def softmax_cross_entropy(logits, labels, global_batch_size, grad_scale=1.0):
 
 def count_correct(logits, labels):
     """Number of samples whose arg-max logit equals the label (a Python int)."""
+    if is_cupy(logits) and logits.dtype.name == "uint16":   # bfloat16 bit patterns: compare values
+        logits = to_float32(logits)
     return int((logits.argmax(axis=1) == labels).sum())
 
 

@@ -24,8 +24,10 @@ skipped; a non-finite value is a divergence, caught by the run's NaN check as
 in fp32). Gradients are bfloat16 in ``compute_grads``; a data-parallel allreduce
 sums them in float32 (MPI has no bfloat16: they travel as float32 copies and
 the sum is rounded to bfloat16 once); :meth:`BFloat16Precision.grads_to_master`
-casts them to the fp32 ``master_grads`` that the optimiser reads. CPU only for
-now (NumPy arrays of ``ml_dtypes.bfloat16``; CuPy has no bfloat16 dtype).
+casts them to the fp32 ``master_grads`` that the optimiser reads. The bfloat16
+arrays are NumPy arrays of ``ml_dtypes.bfloat16`` on the CPU and, as CuPy has no
+bfloat16 dtype, ``uint16`` CuPy arrays of bit patterns on the GPU (the kernels
+convert them, see :mod:`apps.train._cuda_source`).
 
 All policies expose the same attributes, so the trainer does not branch on
 precision. The inf/nan test is split the same way as gradient clipping: the
@@ -35,10 +37,9 @@ caller computes a local flag/sum, may reduce it over ranks, then calls
 
 import numpy as np
 
-from hpcgpu.errors import ConfigurationError
-
 from ._backend import array_module, bfloat16_dtype, is_cupy
-from .buffer_kernels import scaled_copy
+from ._cuda_source import BFLOAT16_BITS
+from .buffer_kernels import round_to_bfloat16, scaled_copy
 
 #: The names :func:`make_precision` accepts (``--precision``).
 PRECISIONS = ("fp32", "fp16", "bf16", "fp64")
@@ -245,37 +246,30 @@ class BFloat16Precision:
 
     Parameters
     ----------
-    master_params : NumPy ndarray of float32, shape (n_params,)
+    master_params : ndarray of float32, shape (n_params,)
 
     Attributes
     ----------
     compute_params, compute_grads : ndarray of bfloat16, shape (n_params,)
-        What the layers read and where backward writes.
+        What the layers read and where backward writes: ``ml_dtypes.bfloat16`` NumPy
+        arrays on the CPU, ``uint16`` CuPy arrays of bit patterns on the GPU.
     master_grads : ndarray of float32, shape (n_params,)
         ``float32(compute_grads)``, filled by :meth:`grads_to_master`.
-
-    Raises
-    ------
-    ConfigurationError
-        For CuPy masters: the GPU has no bfloat16 path yet.
     """
 
     name = "bf16"
     loss_scale = 1.0
 
     def __init__(self, master_params):
-        if is_cupy(master_params):
-            raise ConfigurationError(
-                "--precision bf16 runs on the CPU only for now (CuPy has no bfloat16 dtype and the "
-                "GPU kernels do not take bfloat16 yet); use --precision fp16 on the GPU or --backend numpy")
         xp = array_module(master_params)
         if master_params.dtype != xp.float32:
             raise TypeError(
                 f"BFloat16Precision: master weights must be float32, found {master_params.dtype}"
             )
         self.master_params = master_params
-        self.compute_params = master_params.astype(bfloat16_dtype())
-        self.compute_grads = xp.zeros_like(self.compute_params)
+        self.compute_params = xp.empty(master_params.shape, dtype=compute_dtype("bf16", xp))
+        round_to_bfloat16(master_params, self.compute_params)
+        self.compute_grads = xp.zeros_like(self.compute_params)   # all-zero bits: +0.0
         self.master_grads = xp.zeros_like(master_params)
 
     def grads_to_master(self, lo=0, hi=None):
@@ -288,13 +282,38 @@ class BFloat16Precision:
 
     def refresh_compute_params(self):
         """Round the masters to nearest even bfloat16 into the compute buffer (views stay valid)."""
-        self.compute_params[...] = self.master_params
+        round_to_bfloat16(self.master_params, self.compute_params)
 
     def state_dict(self):
         return {}
 
     def load_state_dict(self, state):
         pass
+
+
+def compute_dtype(name, xp=np):
+    """The dtype of the compute copy of precision ``name`` on the backend ``xp``.
+
+    bf16: ``ml_dtypes.bfloat16`` with NumPy, ``uint16`` (bit patterns) with CuPy.
+    """
+    if name == "bf16":
+        return bfloat16_dtype() if xp is np else np.dtype(BFLOAT16_BITS)
+    return np.dtype({"fp32": "float32", "fp16": "float16", "fp64": "float64"}[name])
+
+
+def to_compute(x, dtype):
+    """``x`` (float data, e.g. a batch) in the compute dtype ``dtype``; no copy when it already is.
+
+    A plain ``astype`` except for bfloat16 bit patterns on the GPU, which are the rounded
+    float32 values (an integer cast would truncate).
+    """
+    if is_cupy(x) and np.dtype(dtype).name == BFLOAT16_BITS:
+        if x.dtype.name == BFLOAT16_BITS:
+            return x
+        target = array_module(x).empty(x.shape, dtype=dtype)
+        round_to_bfloat16(array_module(x).ascontiguousarray(x, dtype=np.float32), target)
+        return target
+    return x.astype(dtype, copy=False)
 
 
 def make_precision(name, master_params, init_loss_scale=2.0**16, growth_interval=2000):

@@ -14,7 +14,8 @@ import numpy as np
 
 from hpcgpu.transport.nccl import nccl_communicator, nccl_datatype
 
-from ._backend import is_cupy
+from ._backend import is_bfloat16, is_cupy
+from .buffer_kernels import round_to_bfloat16, scaled_copy
 
 
 def mpi_supports(dtype):
@@ -149,19 +150,46 @@ class StreamBucketReducer:
 
 
 class NcclBucketReducer(StreamBucketReducer):
-    """NCCL allreduce of device buffer slices on the communication stream (the GPU path)."""
+    """NCCL allreduce of device buffer slices on the communication stream (the GPU path).
+
+    bfloat16 gradients (``uint16`` bit patterns) are summed in float32, like the CPU's MPI
+    staging: on the communication stream each bucket is widened into a float32 staging
+    buffer (allocated once, the gradients' length), allreduced, and rounded back to
+    bfloat16 once -- twice the bytes on the wire of a bfloat16 allreduce, and no
+    bfloat16 rounding between the ranks' partial sums.
+    """
 
     def __init__(self, comm, arch, dtype):
         super().__init__(arch)
         self.nccl_comm = nccl_communicator(comm)
-        self.nccl_type = nccl_datatype(dtype)
+        self.bfloat16 = is_bfloat16(dtype)
+        self.nccl_type = nccl_datatype(np.float32 if self.bfloat16 else dtype)
+        self.staging = None
 
     def _reduce(self, grads, lo, hi):
         from cupy.cuda import nccl
 
+        if self.bfloat16:
+            self._reduce_bfloat16_in_float32(grads, lo, hi)
+            return
         pointer = grads.data.ptr + lo * grads.itemsize
         self.nccl_comm.allReduce(pointer, pointer, hi - lo, self.nccl_type, nccl.NCCL_SUM,
                                  self.comm_stream.ptr)
+
+    def _reduce_bfloat16_in_float32(self, grads, lo, hi):
+        import cupy
+        from cupy.cuda import nccl
+
+        if self.staging is None or self.staging.shape != grads.shape:
+            # allocated on the compute stream before the communication stream uses it
+            self.staging = cupy.empty(grads.shape, dtype=cupy.float32)
+            self.compute_stream.synchronize()
+        staged = self.staging[lo:hi]
+        with self.comm_stream:
+            scaled_copy(grads[lo:hi], staged, 1.0)
+            self.nccl_comm.allReduce(staged.data.ptr, staged.data.ptr, hi - lo, self.nccl_type,
+                                     nccl.NCCL_SUM, self.comm_stream.ptr)
+            round_to_bfloat16(staged, grads[lo:hi])
 
 
 def load_optimizer_slices(optimizer_state, full_state, lo, hi):

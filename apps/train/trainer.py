@@ -44,7 +44,7 @@ from .layers import ForwardContext
 from .loss import count_correct, softmax_cross_entropy
 from .optim import WarmupCosineSchedule, clip_factor, grad_sum_of_squares, make_optimizer
 from .params import init_flat_parameters
-from .precision import make_precision
+from .precision import make_precision, to_compute
 
 
 @dataclass
@@ -54,7 +54,7 @@ class TrainConfig:
     ``global_batch_size`` counts samples over all ranks and micro-batches of one
     optimiser step. ``precision`` is ``"fp32"``, ``"fp64"`` (tests), ``"fp16"``
     (mixed precision with fp32 masters and loss scaling) or ``"bf16"`` (fp32 masters,
-    no loss scaling; CPU only for now). ``clip_norm=None`` disables clipping.
+    no loss scaling). ``clip_norm=None`` disables clipping.
     ``total_steps=None`` keeps the learning rate constant after warm-up.
     """
 
@@ -220,7 +220,7 @@ def compute_gradients(trainer, state, x_local, y_local, sample_index_local, sync
             lo, hi = shard_bounds(local_batch, micro, config.accum_steps)
             ctx = ForwardContext(training=True, seed=config.seed, step=state.step,
                                  sample_index=sample_index_local[lo:hi])
-            logits = model.forward(x_local[lo:hi].astype(compute_dtype, copy=False), ctx)
+            logits = model.forward(to_compute(x_local[lo:hi], compute_dtype), ctx)
             loss, grad_logits = softmax_cross_entropy(logits, y_local[lo:hi],
                                                       config.global_batch_size,
                                                       grad_scale=precision.loss_scale)
@@ -322,7 +322,7 @@ def evaluate(trainer, state, x, y, batch_size=1000):
     loss_total, correct = 0.0, 0
     ctx = ForwardContext(training=False)
     for start in range(0, n_samples, batch_size):
-        logits = model.forward(x[start:start + batch_size].astype(compute_dtype, copy=False), ctx)
+        logits = model.forward(to_compute(x[start:start + batch_size], compute_dtype), ctx)
         loss, _ = softmax_cross_entropy(logits, y[start:start + batch_size], n_samples)
         loss_total += float(loss)
         correct += count_correct(logits, y[start:start + batch_size])
