@@ -33,7 +33,7 @@ are in flight and the rim after they arrive, with bitwise the same result as one
 from __future__ import annotations
 
 import collections
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -243,4 +243,34 @@ def shallow_water_stage(
     )  # fmt: skip
 
 
-__all__ = ["SSP_RK3_STAGES", "IdentityCache", "shallow_water_stage"]
+def ssp_rk3_step(
+    state: Sequence[Any],
+    work_1: Sequence[Any],
+    work_2: Sequence[Any],
+    dt: float,
+    metrics: GridMetrics,
+    region: Sequence[int],
+    fill_ghosts_fn: Callable[[Sequence[Any]], None],
+    increment: Sequence[Any] = (),
+    filtered_rows: Any = None,
+    finish_stage_fn: Callable[[Sequence[Any], Sequence[Any], float, float], None] | None = None,
+) -> None:
+    """Advance ``state`` = (h, u, v) of one tile by one SSP-RK3 step over ``region``, in place; returns None.
+
+    For a tile that fills its own ghosts (tests, single-rank runs); the models split each stage into
+    interior and rim around their halo exchange instead (:mod:`apps.stencil.shallow_water.model`).
+    ``fill_ghosts_fn(fields)`` fills the ghosts of a triple before every stage;
+    ``finish_stage_fn(out, stage, a, b)`` runs after each stage (the polar filter). ``work_1`` and
+    ``work_2`` are scratch triples like ``state``; the ghosts of ``state`` are stale on return.
+    """
+    inputs = (state, work_1, work_2)
+    outputs = (work_1, work_2, state)
+    for (a, b), source, target in zip(SSP_RK3_STAGES, inputs, outputs):
+        fill_ghosts_fn(source)
+        # The last stage writes state, which is also base: read only at the cell being written, safe.
+        shallow_water_stage(target, state, source, a, b, dt, metrics, region, increment, filtered_rows)
+        if finish_stage_fn is not None:
+            finish_stage_fn(target, source, a, b)
+
+
+__all__ = ["SSP_RK3_STAGES", "IdentityCache", "shallow_water_stage", "ssp_rk3_step"]

@@ -1,18 +1,19 @@
-"""Shallow-water equations on the sphere: a latitude-longitude C-grid for ``apps.stencil`` (``--grid latlon``).
+"""The latitude-longitude sphere (``--grid latlon``): one of the two grids of the shallow-water core.
 
-Vector-invariant equations with Sadourny's energy-conserving vorticity term and flux-form continuity
-on an Arakawa C-grid (h at cell centres, u on west faces, v on south faces, vorticity at corners;
-no point at a pole, v = 0 on the zero-length pole faces), SSP-RK3 in time, a Fourier polar filter
-poleward of a cutoff latitude (whole latitude circles gathered in row communicators), and the
-Williamson et al. (1992) test cases 2, 5 and 6. Earth constants a = 6.37122e6 m,
+The core (:mod:`apps.stencil.shallow_water`) holds the scheme -- vector-invariant equations with
+Sadourny's energy-conserving vorticity term and flux-form continuity on an Arakawa C-grid, SSP-RK3,
+one Numba kernel and one set of CUDA device functions, the model's overlapped step. This package is
+what only the sphere has: its metrics (cos(latitude) factors, f per corner, topography; no point at
+a pole, v = 0 on the zero-length pole faces), a Fourier polar filter poleward of a cutoff latitude
+(whole latitude circles gathered in row communicators; its rows take the stage's increment path),
+and the Williamson et al. (1992) test cases 2, 5 and 6. Earth constants a = 6.37122e6 m,
 Omega = 7.292e-5 1/s, g = 9.80616 m/s^2. Like :mod:`apps.stencil.swe`, every numerical function works
 on padded local arrays of one tile; :class:`apps.stencil.sphere.model.LatLonModel` adds MPI.
 
 Modules
 -------
 ``parameters``          :class:`SphereParameters`, :class:`SphereTile`, :func:`tile_parameters` (grid, metrics)
-``stage``/``stage_cpu`` :func:`sphere_stage`, the fused SSP-RK3 stage (scheme documented there); Numba kernel
-``stage_gpu``           the same stage as a CuPy RawKernel (fp64 parity with the CPU), and the polar-row combine
+``stage``               :func:`sphere_stage`: the core's stage with the lat-lon metrics and the filtered rows
 ``polar_filter``        :func:`damping_factors`, :func:`make_filter_plan`, :func:`filter_and_combine`
 ``polar_filter_gpu``    the filter on the device (cuFFT, whole circles) or staged through the host (split rows)
 ``timestep``            :func:`stability_rate` (CFL at the cutoff), one-tile :func:`ssp_rk3_step`

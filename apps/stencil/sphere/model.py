@@ -1,14 +1,12 @@
 """The shallow-water model on a latitude-longitude grid as an ``apps.stencil`` model (``--grid latlon``).
 
-Each of the three SSP-RK3 stages of a step::
+The step is the core's (:class:`apps.stencil.shallow_water.model.ShallowWaterModel`): exchange each
+stage's input while the interior updates, fill the ghost rows beyond the poles (mirror, zero-length
+pole faces), update the rim; then this model finishes the stage with the polar filter (allgather
+the polar rows' increments in the row communicator, FFT, combine).
 
-    start exchanging the stage input (h, u, v; periodic in longitude, tile neighbours)
-    update the interior of the stage output          (overlaps the exchange)
-    wait; fill the ghost rows beyond the poles (mirror, zero-length pole faces)
-    update the rim
-    polar filter: allgather the polar rows' increments in the row communicator, FFT, combine
-
-On a GPU (``--backend cupy``) the stages run as CUDA kernels (:mod:`apps.stencil.sphere.stage_gpu`)
+On a GPU (``--backend cupy``) the stages run as the core's per-row-metrics CUDA kernel
+(:mod:`apps.stencil.shallow_water.stage_gpu`)
 on the compute stream while the halos travel (NCCL or host-staged MPI); the polar filter stays on
 the device when each rank holds whole latitude circles (``--dims N,1``, the default for GPUs) and
 is staged through the host otherwise (:mod:`apps.stencil.sphere.polar_filter_gpu`).
@@ -24,16 +22,14 @@ import math
 import numpy as np
 
 import hpcgpu
-from apps.stencil.checkpointing import C_GRID_ATTRIBUTES, StencilModel
+from apps.stencil.shallow_water.model import SECONDS_PER_DAY, ShallowWaterModel
 from apps.stencil.sphere.diagnostics import DIAGNOSTIC_NAMES, error_norms, local_diagnostics, local_error_sums
-from apps.stencil.sphere.initial_conditions import SECONDS_PER_DAY, initial_owned_state, make_initial_condition
+from apps.stencil.sphere.initial_conditions import initial_owned_state, make_initial_condition
 from apps.stencil.sphere.parameters import DEFAULT_FILTER_LATITUDE_DEG, SphereParameters, tile_parameters
 from apps.stencil.sphere.polar_filter import filter_and_combine, make_filter_plan, mpi_row_gather
-from apps.stencil.sphere.stage import SSP_RK3_STAGES, sphere_stage
 from apps.stencil.sphere.timestep import DEFAULT_CFL, stability_rate
 from apps.stencil.swe.boundaries import fill_channel_boundaries
 from hpcgpu.errors import ConfigurationError
-from hpcgpu.halo.regions import split_owned
 
 OPTION_DEFAULTS = {"nx": 128, "ny": 64, "init": "williamson2", "alpha": 0.0, "days": None, "dt": None,
                    "cfl": DEFAULT_CFL, "dims": None, "precision": "fp64",
@@ -46,13 +42,11 @@ def _option(options, name):
     return OPTION_DEFAULTS[name] if value is None else value
 
 
-class LatLonModel(StencilModel):
+class LatLonModel(ShallowWaterModel):
     """Nonlinear shallow water on the sphere (Williamson test cases 2, 5, 6), lat-lon C-grid."""
 
-    halo_exchanges_per_step = 3   # one per SSP-RK3 stage
-
     name = "latlon"
-    unit = "cell-updates/s"
+    diagnostic_names = DIAGNOSTIC_NAMES
     default_shape = {"nx": 128, "ny": 64}
     default_days = 5.0
     graph_unsupported = ("the polar filter plans cuFFT transforms and gathers latitude circles on the host in "
@@ -72,14 +66,9 @@ class LatLonModel(StencilModel):
             dims = (0, 1)
         self.grid = hpcgpu.Decomposition(comm, (ny, nx), dims=dims, periodic=(False, True))
         width = 1
-        for axis, label in enumerate(("latitude", "longitude")):
-            if self.grid.min_extent(axis) < width:
-                raise ConfigurationError(f"latlon: every rank needs >= {width} cells in {label}; {self.grid} gives fewer")
+        self._check_extents(width, ("latitude", "longitude"))
         self.initial = make_initial_condition(self.init_name, self.parameters)
-        make = lambda name: hpcgpu.Field(self.grid, arch, halo_width=width, dtype=self.dtype, name=name,  # noqa: E731
-                                         attributes=C_GRID_ATTRIBUTES[name])
-        self.state = [make("h"), make("u"), make("v")]
-        self.work = [[make("h"), make("u"), make("v")] for _ in range(2)]
+        self._allocate_fields(width, 1, getattr(options, "overlap", True))
         self.increment = [arch.zeros(f.data.shape, dtype=self.dtype) for f in self.state]
         start, shape = self.grid.local_start, self.grid.local_shape
         self.tile = tile_parameters(self.parameters, start[0], shape[0], start[1], shape[1], width,
@@ -89,10 +78,6 @@ class LatLonModel(StencilModel):
         # Ranks of one latitude band, ordered by longitude: the polar filter's whole circles.
         self.row_comm = comm.mpi.Split(color=self.grid.coords[0], key=self.grid.coords[1])
         self.gather = mpi_row_gather(self.row_comm)
-        self.interior, self.rim = split_owned(shape, (width, width), (1, 1))
-        # --no-overlap: exchange, then one update of every owned cell (bitwise the same result).
-        self.overlap = bool(getattr(options, "overlap", True))
-        self.owned = (width, width + shape[0], width, width + shape[1])
         if getattr(options, "graph", False) and arch.is_gpu:
             raise ConfigurationError(
                 "--graph does not apply to --grid latlon: the polar filter plans cuFFT transforms and gathers "
@@ -105,12 +90,7 @@ class LatLonModel(StencilModel):
         self.exchange(self.state)
         self.dt = self._choose_dt(options)
         days = _option(options, "days")
-        days = self.default_days if days is None else float(days)
-        self.steps = max(1, math.ceil(days * SECONDS_PER_DAY / self.dt))
-        self.step_index = 0
-        self.updates_per_step = nx * ny
-        # A step reads and writes h, u and v at least once (hpcgpu.app.plausibility).
-        self.min_bytes_per_update = 6 * np.dtype(self.dtype).itemsize
+        self._set_steps(self.default_days if days is None else float(days))
         self.initial_diagnostics = self._diagnostics_now()
         self.history = [self._history_entry(self.initial_diagnostics)]
         self.snapshot_every = getattr(options, "snapshot_every", None)
@@ -129,66 +109,25 @@ class LatLonModel(StencilModel):
             raise ConfigurationError(f"--cfl must be in (0, 1]; got {cfl}")
         return cfl * limit
 
-    def exchange(self, fields) -> None:
-        """Fill all ghosts of (h, u, v): halo exchange, then the mirrors beyond the poles."""
-        hpcgpu.exchange_halos(fields, wait=True)
-        self.fill_poles(fields)
-
-    def fill_poles(self, fields) -> None:
+    def fill_physical_ghosts(self, fields) -> None:
+        """The mirrors beyond the poles; returns None."""
         # The pole faces have zero length, so the mirror ghosts only ever meet exact zero weights;
         # the channel's wall mirror (v odd, h and u even) is the right fill.
         h, u, v = (f.data for f in fields)
         fill_channel_boundaries(h, u, v, 1, self.tile.at_south, self.tile.at_north)
 
+    def finish_stage(self, timers, out, base, stage, a: float, b: float) -> None:
+        """The polar filter: filter the polar rows' increments over whole circles and combine; returns None."""
+        with timers.phase("communication"):
+            filter_and_combine(out, base, stage, self.increment, a, b, self.plan, self.gather)
+
     # ------------------------------------------------------------------ stepping
-    @property
-    def fields(self):
-        return self.state
-
-    @property
-    def time(self) -> float:
-        return self.step_index * self.dt
-
-    def step(self, timers) -> None:
-        inputs = (self.state, self.work[0], self.work[1])
-        outputs = (self.work[0], self.work[1], self.state)
-        filtered = self.filtered_rows
-        for (a, b), source, target in zip(SSP_RK3_STAGES, inputs, outputs):
-            base, stage, out = ([f.data for f in fs] for fs in (self.state, source, target))
-            pending = hpcgpu.exchange_halos(source, wait=False)
-            with timers.phase("compute"):
-                if self.overlap and self.interior is not None:
-                    sphere_stage(out, base, stage, self.increment, a, b, self.dt, self.tile, filtered, self.interior)
-            with timers.phase("communication"):
-                pending.wait()
-            with timers.phase("compute"):
-                self.fill_poles(source)
-                for region in (self.rim if self.overlap else [self.owned]):
-                    sphere_stage(out, base, stage, self.increment, a, b, self.dt, self.tile, filtered, region)
-            with timers.phase("communication"):
-                filter_and_combine(out, base, stage, self.increment, a, b, self.plan, self.gather)
-        self.step_index += 1
-
-    @property
-    def default_steps(self) -> int:
-        """The steps of ``--days`` (default 5) at the time step ``dt``."""
-        return self.steps
-
-    def set_final_step(self, final_step: int) -> None:
-        """``--steps`` wins over ``--days``: the header describes the steps that will run."""
-        self.steps = final_step
-
     def capturable(self, n_steps: int = 1) -> bool:
         return False  # the polar filter builds cuFFT plans / gathers on the host every stage
 
-    def progress_note(self) -> str:
-        return f"day {self.time / SECONDS_PER_DAY:.2f}"
-
     # ------------------------------------------------------------------ diagnostics
-    def _diagnostics_now(self) -> dict:
-        self.exchange(self.state)
-        local = local_diagnostics(*(f.data for f in self.state), self.tile)
-        return {name: self.comm.allreduce(local[name], "sum") for name in DIAGNOSTIC_NAMES}
+    def local_diagnostics(self) -> dict:
+        return local_diagnostics(*(f.data for f in self.state), self.tile)
 
     def _history_entry(self, values: dict) -> dict:
         return {"days": self.time / SECONDS_PER_DAY, **values}
@@ -235,12 +174,7 @@ class LatLonModel(StencilModel):
 
     def diagnostics(self) -> dict:
         """Collective: integrals now and at the start, their relative changes, and the case-2 errors."""
-        now = self._diagnostics_now()
-        result = {"days": self.time / SECONDS_PER_DAY, "dt_seconds": self.dt, "init": self.init_name}
-        for name in DIAGNOSTIC_NAMES:
-            start = self.initial_diagnostics[name]
-            result[name] = now[name]
-            result[f"{name}_relative_change"] = (now[name] - start) / abs(start) if start else float("nan")
+        result = self._integrals_and_changes()
         norms = self.height_errors()
         prefix = "height_error" if self.init_name == "williamson2" else "height_change"
         for key, value in norms.items():
@@ -278,9 +212,6 @@ class LatLonModel(StencilModel):
                 theirs = replicated[key].item() if hasattr(replicated[key], "item") else replicated[key]
                 raise ConfigurationError(f"the checkpoint was written with {key}={theirs!r}, not {mine!r}")
         self.dt = float(replicated["dt"])
-
-    def after_restore(self) -> None:
-        self.exchange(self.state)
 
     def describe(self) -> str:
         p = self.parameters

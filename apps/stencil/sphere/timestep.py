@@ -16,7 +16,7 @@ import numpy as np
 
 from apps.stencil.sphere.parameters import SphereTile
 from apps.stencil.sphere.polar_filter import FilterPlan, filter_and_combine, local_gather
-from apps.stencil.sphere.stage import SSP_RK3_STAGES, sphere_stage
+from apps.stencil.shallow_water.stage import ssp_rk3_step as core_ssp_rk3_step
 from hpcgpu.arch import is_device_array
 from hpcgpu.errors import NumericalError
 
@@ -54,9 +54,8 @@ def ssp_rk3_step(
     mirrors) before each stage; ``gather`` builds whole latitude circles (:func:`local_gather` for a
     tile spanning all longitudes).
     """
-    inputs = (state, work_1, work_2)
-    outputs = (work_1, work_2, state)
-    for (a, b), source, target in zip(SSP_RK3_STAGES, inputs, outputs):
-        fill_ghosts_fn(source)
-        sphere_stage(target, state, source, increment, a, b, dt, params, plan.filtered_rows_like(source[0]), region)
+    def finish_stage(target, source, a, b):
         filter_and_combine(target, state, source, increment, a, b, plan, gather)
+
+    core_ssp_rk3_step(state, work_1, work_2, dt, params.metrics, region, fill_ghosts_fn, increment,
+                      plan.filtered_rows_like(state[0]), finish_stage)

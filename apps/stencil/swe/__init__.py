@@ -1,4 +1,10 @@
-"""Shallow-water numerics of ``apps.stencil``: a beta-plane channel on an Arakawa C-grid.
+"""The beta-plane channel: one of the two grids of the shallow-water core (:mod:`apps.stencil.shallow_water`).
+
+The core holds the scheme (discrete equations, Numba kernel, CUDA device functions, the model's
+overlapped SSP-RK3 step); this package is what only the channel has: its parameters and uniform
+metrics (``TileParameters.metrics``), the beta plane, (hyper)viscosity, the walls, its initial
+conditions, diagnostics and output. On GPUs the channel's uniform metrics select the core's fast
+kernels (warp-marching by default).
 
 The nonlinear shallow-water equations in vector-invariant form, periodic in x, between free-slip
 walls at y = 0 and y = Ly. Every function works on *padded local arrays* -- the owned cells of one
@@ -36,8 +42,9 @@ Modules
 -------
 ``parameters``           :class:`SWEParameters` (global), :class:`TileParameters`, :func:`tile_parameters`
 ``boundaries``           :func:`fill_channel_boundaries` (free-slip walls)
-``stage``                :func:`swe_stage`, the fused SSP-RK3 stage (scheme documented there)
-``stage_cpu/stage_gpu``  its Numba and CuPy kernels
+``stage``                :func:`swe_stage`: the core's stage with the channel's metrics (scheme documented there)
+``stage_cpu/stage_gpu``  the core's kernels under the channel's argument lists (benchmarks)
+``model``                :class:`~apps.stencil.swe.model.SweModel`, the core's model on the channel
 ``timestep``             :func:`stable_dt`, :func:`stability_rate`, :func:`check_dt`, :func:`ssp_rk3_step`
 ``initial_conditions``   ``jet``, ``geostrophic``, ``gaussian``, :func:`fill_initial_state`
 ``diagnostics``          :func:`local_diagnostics` (mass, energy, potential enstrophy)

@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
+from apps.stencil.shallow_water.stage import ssp_rk3_step as core_ssp_rk3_step
 from apps.stencil.swe.parameters import TileParameters
-from apps.stencil.swe.stage import SSP_RK3_STAGES, swe_stage
 from hpcgpu.arch import array_module
 from hpcgpu.errors import ConfigurationError, NumericalError
 
@@ -138,11 +138,4 @@ def ssp_rk3_step(
         ``fill_ghosts_fn(fields)`` fills the ghosts of a triple (periodic x, walls) in place; called
         before every stage. The ghosts of ``state`` are stale when this returns.
     """
-    (a1, b1), (a2, b2), (a3, b3) = SSP_RK3_STAGES
-    fill_ghosts_fn(state)
-    swe_stage(work_1, state, state, a1, b1, dt, params, region)
-    fill_ghosts_fn(work_1)
-    swe_stage(work_2, state, work_1, a2, b2, dt, params, region)
-    fill_ghosts_fn(work_2)
-    # out = state aliases base, which is read only at the cell being written: safe.
-    swe_stage(state, state, work_2, a3, b3, dt, params, region)
+    core_ssp_rk3_step(state, work_1, work_2, dt, params.metrics, region, fill_ghosts_fn)

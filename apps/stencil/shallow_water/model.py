@@ -1,0 +1,155 @@
+"""What the two shallow-water models share: fields, the overlapped SSP-RK3 step, time, diagnostics bookkeeping.
+
+Each of the three stages of a step::
+
+    start exchanging the stage input (h, u, v packed in one message per neighbour, corners included)
+    update the interior of the stage output          (overlaps the exchange)
+    wait; fill the physical ghost rows               (channel walls, or the mirrors beyond the poles)
+    update the rim
+    finish the stage                                 (lat-lon: the polar filter; channel: nothing)
+
+A grid's model (:class:`apps.stencil.swe.model.SweModel`, :class:`apps.stencil.sphere.model.LatLonModel`)
+builds its decomposition, tile parameters and initial state, and provides
+:meth:`ShallowWaterModel.fill_physical_ghosts`, :meth:`ShallowWaterModel.local_diagnostics` and, where
+it has one, :meth:`ShallowWaterModel.finish_stage`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import hpcgpu
+from apps.stencil.checkpointing import C_GRID_ATTRIBUTES, StencilModel
+from apps.stencil.shallow_water.stage import SSP_RK3_STAGES, shallow_water_stage
+from hpcgpu.errors import ConfigurationError
+from hpcgpu.halo.regions import split_owned
+
+SECONDS_PER_DAY = 86400.0
+
+
+class ShallowWaterModel(StencilModel):
+    """Base of the shallow-water models: state (h, u, v), two work triples, the overlapped SSP-RK3 step.
+
+    A subclass sets ``comm``, ``arch``, ``dtype``, ``grid``, ``tile`` (with ``tile.metrics``), ``dt``,
+    ``init_name``, ``diagnostic_names`` and ``initial_diagnostics``, calls :meth:`_allocate_fields`
+    and :meth:`_set_steps`, and provides :meth:`fill_physical_ghosts` and :meth:`local_diagnostics`.
+    ``increment`` and ``filtered_rows`` (the polar filter's rows) stay empty on a grid without a filter.
+    """
+
+    halo_exchanges_per_step = 3   # one per SSP-RK3 stage
+    unit = "cell-updates/s"
+    increment: tuple = ()
+    filtered_rows = None
+
+    # ------------------------------------------------------------------ setup helpers
+    def _check_extents(self, width: int, labels: tuple[str, str]) -> None:
+        """Refuse a decomposition that leaves a rank fewer than ``width`` cells along an axis."""
+        for axis, label in enumerate(labels):
+            if self.grid.min_extent(axis) < width:
+                raise ConfigurationError(
+                    f"{self.name}: every rank needs at least {width} cells along {label} (the stencil reach), but "
+                    f"{self.grid} gives {self.grid.min_extent(axis)}; use fewer ranks along {label} (--dims) or a larger grid"
+                )
+
+    def _allocate_fields(self, width: int, reach: int, overlap: bool) -> None:
+        """State and work triples with ``width`` ghosts; the interior / rim split for a stencil ``reach``."""
+        make = lambda name: hpcgpu.Field(self.grid, self.arch, halo_width=width, dtype=self.dtype, name=name,  # noqa: E731
+                                         attributes=C_GRID_ATTRIBUTES[name])
+        self.state = [make("h"), make("u"), make("v")]
+        self.work = [[make("h"), make("u"), make("v")] for _ in range(2)]
+        shape = self.grid.local_shape
+        self.interior, self.rim = split_owned(shape, (width, width), (reach, reach))
+        # --no-overlap: exchange, then one update of every owned cell (bitwise the same result).
+        self.overlap = bool(overlap)
+        self.owned = (width, width + shape[0], width, width + shape[1])
+
+    def _set_steps(self, days: float) -> None:
+        """``--days`` of steps at ``dt``; the work and the minimum traffic of one step."""
+        self.steps = max(1, math.ceil(days * SECONDS_PER_DAY / self.dt))
+        self.step_index = 0
+        self.updates_per_step = self.grid.global_shape[0] * self.grid.global_shape[1]
+        # A step reads and writes h, u and v at least once (hpcgpu.app.plausibility).
+        self.min_bytes_per_update = 6 * np.dtype(self.dtype).itemsize
+
+    # ------------------------------------------------------------------ what a grid provides
+    def fill_physical_ghosts(self, fields) -> None:
+        """Fill the ghost rows beyond the physical boundaries of (h, u, v), in place; returns None."""
+        raise NotImplementedError
+
+    def finish_stage(self, timers, out, base, stage, a: float, b: float) -> None:
+        """Complete a stage after every owned cell is updated (the lat-lon polar filter); returns None."""
+
+    def local_diagnostics(self) -> dict:
+        """Local sums of ``diagnostic_names`` over the owned cells (ghosts filled)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ stepping
+    def exchange(self, fields) -> None:
+        """Fill all ghosts of (h, u, v): one exchange for all three, then the physical boundaries."""
+        hpcgpu.exchange_halos(fields)
+        self.fill_physical_ghosts(fields)
+
+    @property
+    def fields(self):
+        return self.state
+
+    @property
+    def time(self) -> float:
+        """Model time in seconds."""
+        return self.step_index * self.dt
+
+    def step(self, timers) -> None:
+        inputs = (self.state, self.work[0], self.work[1])
+        outputs = (self.work[0], self.work[1], self.state)
+        metrics, increment, filtered = self.tile.metrics, self.increment, self.filtered_rows
+        for (a, b), source, target in zip(SSP_RK3_STAGES, inputs, outputs):
+            base, stage, out = ([f.data for f in fs] for fs in (self.state, source, target))
+            pending = hpcgpu.exchange_halos(source, wait=False)
+            with timers.phase("compute"):
+                if self.overlap and self.interior is not None:
+                    shallow_water_stage(out, base, stage, a, b, self.dt, metrics, self.interior, increment, filtered)
+            with timers.phase("communication"):
+                pending.wait()
+            with timers.phase("compute"):
+                self.fill_physical_ghosts(source)
+                for region in (self.rim if self.overlap else [self.owned]):
+                    shallow_water_stage(out, base, stage, a, b, self.dt, metrics, region, increment, filtered)
+            self.finish_stage(timers, out, base, stage, a, b)
+        self.step_index += 1
+
+    @property
+    def default_steps(self) -> int:
+        """The steps of ``--days`` at the time step ``dt``."""
+        return self.steps
+
+    def set_final_step(self, final_step: int) -> None:
+        """``--steps`` wins over ``--days``: the header describes the steps that will run."""
+        self.steps = final_step
+
+    def progress_note(self) -> str:
+        return f"day {self.time / SECONDS_PER_DAY:.2f}"
+
+    def after_restore(self) -> None:
+        self.exchange(self.state)
+
+    # ------------------------------------------------------------------ diagnostics
+    def _diagnostics_now(self) -> dict:
+        """Collective: the global integrals now (ghosts refilled first)."""
+        self.exchange(self.state)
+        local = self.local_diagnostics()
+        return {name: self.comm.allreduce(float(local[name]), "sum") for name in self.diagnostic_names}
+
+    def _integrals_and_changes(self) -> dict:
+        """Collective: days, dt, init, and each integral now with its change relative to the start."""
+        now = self._diagnostics_now()
+        result = {"days": self.time / SECONDS_PER_DAY, "dt_seconds": self.dt, "init": self.init_name}
+        for name in self.diagnostic_names:
+            start = self.initial_diagnostics[name]
+            result[name] = now[name]
+            result[f"{name}_relative_change"] = (now[name] - start) / abs(start) if start else float("nan")
+        return result
+
+
+__all__ = ["SECONDS_PER_DAY", "ShallowWaterModel"]
