@@ -15,8 +15,8 @@ large MLP), so they must run at memory bandwidth:
 * :func:`round_to_bfloat16` -- float32 -> bfloat16 (the refresh of the bf16 compute
   copy, the input batch). On a GPU bfloat16 arrays are ``uint16`` bit patterns (CuPy
   has no bfloat16 dtype), so the few elementwise operations the layers apply to
-  bfloat16 activations there are kernels here too: :func:`add_bias_bfloat16`,
-  :func:`scale_bfloat16`, :func:`positive_bfloat16`.
+  bfloat16 activations there are kernels here too: :func:`add` (residual sums),
+  :func:`add_bias_bfloat16`, :func:`scale_bfloat16`, :func:`positive_bfloat16`.
 """
 
 import functools
@@ -113,6 +113,14 @@ def scale_bfloat16(x, scale):
     return _bfloat16_kernels()["scale"](x, scale_value)
 
 
+def add(a, b):
+    """``a + b`` (same shape and dtype); GPU bfloat16 bit patterns are added as numbers (in float32,
+    rounded once, as NumPy's bfloat16 addition) instead of as integers. Returns a new array."""
+    if is_cupy(a) and a.dtype.name == "uint16":
+        return _bfloat16_kernels()["add"](a, b)
+    return a + b
+
+
 def positive_bfloat16(x):
     """GPU: ``x > 0`` for bfloat16 bit patterns (a positive finite number or +inf; not NaN)."""
     return _bfloat16_kernels()["positive"](x)
@@ -156,6 +164,8 @@ def _bfloat16_kernels():
                               "scaled_copy"),
         "add_bias": kernel("raw uint16 bias, int64 n_cols", "uint16 y",
                            "y = bf16_store(bf16_load(y) + bf16_load(bias[i % n_cols]))", "add_bias"),
+        "add": kernel("uint16 a, uint16 b", "uint16 total", "total = bf16_store(bf16_load(a) + bf16_load(b))",
+                      "add"),
         "scale": kernel("uint16 x, float32 scale", "uint16 y", "y = bf16_store(bf16_load(x) * scale)",
                         "scale"),
         # (bits - 1) as 16 bits is below 0x7f80 exactly for +min subnormal .. +inf

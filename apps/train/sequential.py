@@ -31,6 +31,7 @@ is a layer with parameters followed by the parameter-free layers after it
 (``Linear, GELU, Dropout``); pass ``block_sizes`` to choose differently.
 """
 
+from .buffer_kernels import add
 from .layers import BIAS_FOLDING_LAYERS, GELU, Dropout, Layer, LayerNorm, Linear
 from .params import ParamLayout
 
@@ -67,13 +68,13 @@ class Residual(Layer):
                 f"{self.name}: the inner layers map shape {tuple(x.shape)} to "
                 f"{tuple(h.shape)}; a residual branch must preserve the shape"
             )
-        return x + h
+        return add(x, h)   # GPU bfloat16 bit patterns need a numeric, not an integer, sum
 
     def backward(self, grad_out):
         grad = grad_out
         for layer in reversed(self.layers):
             grad = layer.backward(grad)
-        return grad_out + grad
+        return add(grad_out, grad)
 
     def release(self):
         for layer in self.layers:

@@ -130,3 +130,57 @@ def test_gpu_bf16_training_matches_cpu_bf16(comm):
     assert relative_difference(losses, fp32) <= 2e-2
     accumulated, _, _ = train_curve(comm, 30, global_batch=24, precision="bf16", accum_steps=2, arch=arch)
     assert relative_difference(accumulated, reference) <= 2e-2
+
+
+def test_gpu_bf16_relu_mlp_matches_cpu_bf16(cupy, rng):
+    """The MNIST-1D MLP (ReLU, bias added after each product): 20 steps, GPU bf16 vs CPU bf16."""
+    from apps.train.models import mnist1d_mlp
+    from apps.train.trainer import TrainConfig, Trainer, init_train_state, train_step
+
+    x = rng.standard_normal((64, 40)).astype(np.float32)
+    y = rng.integers(0, 10, 64)
+    curves = {}
+    for xp in (np, cupy):
+        trainer = Trainer(mnist1d_mlp(), TrainConfig(lr=1e-2, global_batch_size=64, precision="bf16", seed=4))
+        state = init_train_state(trainer, xp)
+        curves[xp.__name__] = np.array([
+            train_step(trainer, state, xp.asarray(x), xp.asarray(y), xp.arange(64)).loss for _ in range(20)])
+    assert curves["cupy"][-1] < 0.8 * curves["cupy"][0]
+    assert np.max(np.abs(curves["cupy"] - curves["numpy"])) <= 2e-2 * curves["numpy"][0]
+
+
+def test_gpu_bf16_app_restart_is_bitwise(tmp_path, cupy):
+    """One GPU, bf16 + dropout + accumulation: a restart from the step-6 checkpoint reproduces the
+    uninterrupted run bit for bit; --model cnn is refused with one message."""
+    import json
+    import subprocess
+    import sys
+
+    import h5py
+
+    rng = np.random.default_rng(0)
+    projections = rng.standard_normal((12, 4))
+    data = tmp_path / "small.h5"
+    with h5py.File(data, "w") as handle:
+        for prefix, count in (("", 240), ("_test", 60)):
+            x = rng.standard_normal((count, 12)).astype(np.float32)
+            handle[f"x{prefix}"], handle[f"y{prefix}"] = x, np.argmax(x @ projections, axis=1)
+    args = ["--model", "large-mlp", "--depth", "2", "--width", "32", "--batch-size", "24", "--no-plot",
+            "--eval-every", "4", "--warmup", "3", "--dropout", "0.1", "--accum-steps", "2", "--precision",
+            "bf16", "--backend", "cupy", "--data", str(data), "--steps", "12", "--quiet"]
+
+    def run(name, *extra, expect=0):
+        result = subprocess.run([sys.executable, "-m", "apps.train", *args, "--output", str(tmp_path / name),
+                                 "--summary", str(tmp_path / f"{name}.json"), *extra],
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == expect, result.stdout + result.stderr
+        return json.loads((tmp_path / f"{name}.json").read_text()) if expect == 0 else result
+
+    straight = run("straight", "--checkpoint-every", "6", "--checkpoint-dir", str(tmp_path / "ckpt"))
+    assert straight["precision"] == "bf16" and straight["backend"] == "gpu"
+    restarted = run("restarted", "--restart", str(tmp_path / "ckpt" / "ckpt_000000006"),
+                    "--checkpoint-dir", str(tmp_path / "unused"))
+    assert restarted["diagnostics"]["loss_curve"] == straight["diagnostics"]["loss_curve"]
+    assert restarted["checksum"] == straight["checksum"]
+    refused = run("cnn", "--model", "cnn", expect=2)
+    assert (refused.stdout + refused.stderr).count("does not support --model cnn") == 1
