@@ -18,11 +18,23 @@ Sub-communicators (each an :class:`hpcgpu.Communicator`, built with ``comm.mpi.S
 ``pipeline``    same data and tensor index       activations and gradients between stages
 ``model``       same data index (T x P ranks)    the gradient norm over all parameter shards
 ==============  ===============================  ==================================================
+
+Nodes: :func:`make_grid` reads every rank's node (:func:`hpcgpu.decomposition_comm.gather_node_of_rank`:
+the shared-memory split, or ``HPCGPU_SIMULATE_NODES`` to pretend) and records, per axis, whether every
+group along it lies inside one node; :meth:`ParallelGrid.describe` says so in the run header.
+
+On GPUs, :func:`prepare_device_communication` (collective, the same calls in the same order on every
+rank) gives every sub-communicator the job's transport and creates the NCCL communicators of the
+tensor and pipeline groups up front, instead of inside the first forward.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from hpcgpu.decomposition_comm import gather_node_of_rank
 from hpcgpu.errors import ConfigurationError
+from hpcgpu.transport.device_collectives import device_collectives
+from hpcgpu.transport.nccl import nccl_communicator
+from hpcgpu.transport.selection import select_transport, transport_choice
 
 from .tensor_parallel import TensorGroup
 
@@ -67,6 +79,9 @@ class ParallelGrid:
     data_rank, tensor_rank, pipeline_rank : int
     tensor_inside_node : bool
         True when every tensor group's ranks share a node.
+    node_of_rank : tuple of int
+        The node of every world rank (real or simulated: see the module docstring); empty for a
+        grid built without communicators.
     """
 
     world: object
@@ -81,6 +96,7 @@ class ParallelGrid:
     tensor_rank: int
     pipeline_rank: int
     tensor_inside_node: bool
+    node_of_rank: tuple = field(default=())
 
     def tensor_group(self, collectives=None):
         """The :class:`TensorGroup` of this rank; ``collectives`` defaults to ``self.tensor``
@@ -96,12 +112,39 @@ class ParallelGrid:
     def is_last_stage(self):
         return self.pipeline_rank == self.pipeline_size - 1
 
+    def axis_inside_node(self, axis):
+        """True when every group along ``axis`` (``"data"``, ``"tensor"`` or ``"pipeline"``) lies
+        inside one node (True for a grid without a node layout)."""
+        if not self.node_of_rank:
+            return axis != "tensor" or self.tensor_inside_node
+        sizes = {"data": self.data_size, "tensor": self.tensor_size, "pipeline": self.pipeline_size}
+        groups = {}
+        for rank, node in enumerate(self.node_of_rank):
+            coordinates = dict(zip(("data", "tensor", "pipeline"),
+                                   grid_coordinates(rank, sizes["data"], sizes["tensor"],
+                                                    sizes["pipeline"])))
+            coordinates.pop(axis)
+            groups.setdefault(tuple(coordinates.values()), set()).add(node)
+        return all(len(nodes) == 1 for nodes in groups.values())
+
     def describe(self):
-        """One line, e.g. ``grid D x T x P = 1 x 2 x 1; tensor axis inside a node``."""
-        where = ("tensor axis inside a node" if self.tensor_inside_node
-                 else "tensor axis SPANS nodes (slow: make T divide the ranks per node)")
-        return (f"grid D x T x P = {self.data_size} x {self.tensor_size} x {self.pipeline_size}; "
-                f"{where}")
+        """One line, e.g. ``grid D x T x P = 2 x 2 x 2 on 2 node(s): tensor axis inside a node;
+        data axis inside a node; pipeline axis across nodes``."""
+        n_nodes = len(set(self.node_of_rank)) if self.node_of_rank else 1
+        parts = []
+        for axis in ("tensor", "data", "pipeline"):
+            size = getattr(self, f"{axis}_size")
+            if size == 1:
+                continue
+            if self.axis_inside_node(axis):
+                parts.append(f"{axis} axis inside a node")
+            elif axis == "tensor":
+                parts.append("tensor axis SPANS nodes (slow: make T divide the ranks per node)")
+            else:
+                parts.append(f"{axis} axis across nodes")
+        where = "; ".join(parts) if parts else "one rank per model replica"
+        return (f"grid D x T x P = {self.data_size} x {self.tensor_size} x {self.pipeline_size} on "
+                f"{n_nodes} node(s): {where}")
 
 
 def make_grid(comm, data_size=None, tensor_size=1, pipeline_size=1):
@@ -135,10 +178,55 @@ def make_grid(comm, data_size=None, tensor_size=1, pipeline_size=1):
     data = comm.split(tensor_rank + tensor_size * pipeline_rank, key=data_rank)
     pipeline = comm.split(tensor_rank + tensor_size * data_rank, key=pipeline_rank)
     model = comm.split(data_rank, key=tensor_rank + tensor_size * pipeline_rank)
-    # one node per tensor group, on every group: max over the world of (distinct nodes - 1) == 0
-    nodes_in_group = len(set(tensor.mpi.allgather(comm.node_index)))
-    tensor_inside_node = comm.allreduce(nodes_in_group, op="max") == 1
-    return ParallelGrid(world=comm, data=data, tensor=tensor, pipeline=pipeline, model=model,
+    node_of_rank = tuple(gather_node_of_rank(comm))   # the same tuple on every rank
+    grid = ParallelGrid(world=comm, data=data, tensor=tensor, pipeline=pipeline, model=model,
                         data_size=data_size, tensor_size=tensor_size, pipeline_size=pipeline_size,
                         data_rank=data_rank, tensor_rank=tensor_rank, pipeline_rank=pipeline_rank,
-                        tensor_inside_node=tensor_inside_node)
+                        tensor_inside_node=True, node_of_rank=node_of_rank)
+    grid.tensor_inside_node = grid.axis_inside_node("tensor")
+    return grid
+
+
+def prepare_device_communication(grid, arch):
+    """Collective over the world on GPUs (nothing on CPUs): the job's transport on every
+    sub-communicator and, with NCCL, the NCCL communicators of the tensor and pipeline groups.
+
+    Every rank makes the same calls in the same order (tensor, pipeline, data, model; then NCCL for
+    tensor, then pipeline), so each collective meets the same calls on the other members of its
+    group: NCCL communicators must be created collectively over their group, and a rank that
+    created its pipeline communicator first could wait for a tensor peer that waits for it.
+    Groups of one rank get no NCCL communicator (they never communicate).
+
+    Parameters
+    ----------
+    grid : ParallelGrid
+    arch : hpcgpu.arch.CPU or GPU
+
+    Returns
+    -------
+    object or None
+        The tensor group's device collectives (``allreduce(array, op)``: NCCL on the current
+        stream, or host-staged MPI) on GPUs with T > 1; None otherwise (the tensor
+        communicator's MPI allreduce serves NumPy arrays).
+    """
+    if not arch.is_gpu:
+        return None   # CPUs: MPI on every communicator, nothing to choose or create
+    # the world's choice (the --transport flag, HPCGPU_TRANSPORT or automatic) for every group:
+    # a sub-communicator would otherwise choose again, without the flag
+    name = select_transport(grid.world, arch)
+    for group in (grid.tensor, grid.pipeline, grid.data, grid.model):
+        select_transport(group, arch, requested=name)
+    if name == "nccl":
+        for group in (grid.tensor, grid.pipeline):
+            if group.size > 1:
+                nccl_communicator(group)
+    return device_collectives(grid.tensor) if grid.tensor_size > 1 else None
+
+
+def transport_note(grid, arch):
+    """How the tensor and pipeline groups move data, e.g. ``"nccl"``; local (for headers).
+
+    ``mpi`` on CPUs, ``nccl`` on GPUs with NCCL, else ``host-staged MPI`` (``mpi-cuda`` jobs too:
+    the allreduce and the pipeline sender copy through the host)."""
+    name = transport_choice(grid.world, arch).name
+    return name if name in ("mpi", "nccl") else "host-staged MPI"

@@ -11,8 +11,11 @@ the data-parallel models:
 * evaluation every ``--eval-every`` steps through :meth:`ParallelTrainer.evaluate` (the
   :class:`~apps.train.simulation_model.Evaluation` operation);
 * diagnostics: the loss curve, the evaluations, the pipeline bubble (formula (P-1)/(M+P-1) and
-  measured per stage), the data-parallel overlap, the tensor-parallel allreduce count, and the
-  norm of the full (unsplit) parameters;
+  measured per stage), the data-parallel overlap, the tensor-parallel allreduce count, the
+  communication volume per step (tensor and pipeline bytes, measured and by formula:
+  :mod:`apps.train.comm_volume`), and the norm of the full (unsplit) parameters;
+* header: the grid and which of its axes lie inside a node, the stages, how the groups communicate
+  and the computed volume per step; the results repeat it beside the measured volume;
 * the checksum is the SHA-256 of :meth:`ParallelTrainer.full_parameters` in the unsplit model's
   layout and master dtype, so a 1 x 2 x 1 run and a 1 x 1 x 1 run of the same ``MLPSpec`` compare
   (they agree to rounding, ~1e-16 relative per step, not bitwise: see docs/parallelism.md).
@@ -29,8 +32,10 @@ import numpy as np
 from hpcgpu.app.checksum import hash_arrays
 
 from ._backend import to_numpy
+from .comm_volume import communication_report, computed_max_volume, format_bytes, volume_line
 from .data import shard_bounds
 from .distributed import replicas_identical
+from .parallel_grid import transport_note
 from .sharded_checkpoint import ShardedCheckpoint
 from .training_run import TrainingRun
 
@@ -94,7 +99,19 @@ class ParallelTrainingModel(TrainingRun):
                      f"{len(self.runner.sync.data_parallel.buckets)} allreduce bucket(s) of <= "
                      f"{options.bucket_mb:g} MB over the data replicas")
         lines.extend(self.runner.describe())   # the grid (which axis lies inside a node), the stages
+        if grid.tensor_size > 1 or grid.pipeline_size > 1:
+            computed = self._computed_volume()
+            lines.append(f"communication per step and rank (computed, max over ranks; "
+                         f"{transport_note(grid, arch)}): tensor {format_bytes(computed['tensor'])} "
+                         f"(ring allreduce 2(T-1)/T of {format_bytes(computed['tensor_payload'])}), "
+                         f"pipeline {format_bytes(computed['pipeline'])}")
         return lines
+
+    def _computed_volume(self) -> dict:
+        runner, grid = self.runner, self.grid
+        return computed_max_volume(runner.parallel_model.spec, runner.parallel_model.stage_ranges,
+                                   grid.tensor_size, grid.data_size, self.options.batch_size,
+                                   runner.itemsize)
 
     def decomposition(self) -> dict:
         grid, options = self.grid, self.options
@@ -139,11 +156,13 @@ class ParallelTrainingModel(TrainingRun):
         identical = replicas_identical(self.grid.data, to_numpy(master))   # same shard on every replica
         self._full = runner.full_parameters()                                # collective (world)
         tensor_allreduces = _tensor_allreduces(runner.parallel_model.model)
+        self._volume = communication_report(runner)                           # collective (world)
         return {
             **self.loss_diagnostics(runner.state.precision),
             "pipeline": runner.pipeline_report(),
             "overlap": runner.sync.data_parallel.overlap_stats(),
             "tensor_allreduces": tensor_allreduces,
+            "communication": self._volume,
             "replicas_identical": bool(identical),
             "n_params": self.n_params,
             "n_params_per_rank": int(runner.parallel_model.model.n_params),
@@ -158,9 +177,23 @@ class ParallelTrainingModel(TrainingRun):
         master_dtype = to_numpy(self.runner.state.precision.master_params[:0]).dtype
         return hash_arrays([("params", full.astype(master_dtype))])
 
+    def summary_extra(self, simulation) -> dict:
+        """The base record, and the communication volume per step (bytes, max over ranks)."""
+        extra = super().summary_extra(simulation)
+        volume = getattr(self, "_volume", None)   # diagnostics() measured it (collective)
+        if volume is not None and (self.grid.tensor_size > 1 or self.grid.pipeline_size > 1):
+            extra["communication_per_step"] = {
+                key: {"measured": volume[key]["measured"], "computed": volume[key]["computed"]}
+                for key in ("tensor", "tensor_payload", "pipeline")}
+        return extra
+
     def more_result_lines(self, diagnostics: dict) -> list[str]:
-        """The pipeline bubble and the tensor-parallel allreduce count."""
+        """The pipeline bubble, the tensor-parallel allreduce count and the communication volume."""
         lines = []
+        volume = diagnostics["communication"]
+        if self.grid.tensor_size > 1 or self.grid.pipeline_size > 1:
+            lines.append(volume_line(volume["tensor"]["measured"], volume["tensor"]["computed"],
+                                     volume["pipeline"]["measured"], volume["pipeline"]["computed"]))
         pipeline = diagnostics["pipeline"]
         if pipeline["stages"] > 1:
             measured = ", ".join(f"{value:.3f}" for value in pipeline["bubble_measured"])

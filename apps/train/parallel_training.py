@@ -27,8 +27,12 @@ One optimiser step (:meth:`ParallelTrainer.step`):
 Every rank's initial shard is cut from the unsplit model's initialisation for the seed
 (:func:`init_parallel_parameters`), so any D x T x P grid trains the model of one process to
 rounding. :meth:`ParallelTrainer.evaluate` runs a split model forward only. Checkpoints:
-:mod:`apps.train.sharded_checkpoint` (the unsplit model, restartable on any grid). Not supported
-yet: ZeRO-1, GPU point-to-point (NCCL).
+:mod:`apps.train.sharded_checkpoint` (the unsplit model, restartable on any grid).
+
+On GPUs the tensor groups allreduce with NCCL and the stages exchange activations with NCCL
+point-to-point (:mod:`apps.train.pipeline_transport`); the communicators are created up front by
+:func:`apps.train.parallel_grid.prepare_device_communication`. The bytes of both are counted per
+step (:mod:`apps.train.comm_volume`). Not supported yet: ZeRO-1.
 """
 
 import contextlib
@@ -41,9 +45,12 @@ from hpcgpu.errors import ConfigurationError
 from ._backend import to_numpy
 from .data import shard_bounds
 from .distributed import DEFAULT_BUCKET_MB, DataParallel
+from .comm_volume import CommunicationMeter, find_tensor_group
 from .optim import grad_sum_of_squares
+from .parallel_grid import prepare_device_communication
 from .params import initial_tensor
-from .pipeline import MpiPointToPoint, PipelineEngine, bubble_fraction, partition_stages
+from .pipeline import PipelineEngine, bubble_fraction, partition_stages
+from .pipeline_transport import make_point_to_point
 from .sequential import Sequential
 from .tensor_parallel import mlp_layers
 from .trainer import StepMetrics, Trainer, apply_gradients, init_train_state
@@ -222,8 +229,16 @@ class ParallelTrainer:
     bucket_mb : float
         Data-parallel bucket size.
     tensor_collectives, point_to_point : optional
-        GPU hooks: the tensor group's ``allreduce(array, op)`` object and a
-        :class:`~apps.train.pipeline.MpiPointToPoint`-compatible sender (defaults: MPI).
+        The tensor group's ``allreduce(array, op)`` object and the pipeline sender. Defaults: from
+        :func:`~apps.train.parallel_grid.prepare_device_communication` (MPI on CPUs, NCCL on GPUs)
+        and :func:`~apps.train.pipeline_transport.make_point_to_point`.
+
+    Attributes
+    ----------
+    communication : apps.train.comm_volume.CommunicationMeter
+        Bytes given to the tensor allreduces and the pipeline sends in :meth:`step`.
+    itemsize : int
+        Bytes per value of the compute dtype (what the activations travel in).
     """
 
     def __init__(self, grid, model_spec, config, arch=None, micro_batches=1, schedule="1f1b",
@@ -241,6 +256,10 @@ class ParallelTrainer:
                 f"{grid.data_size} data replicas x {micro_batches} micro-batches; raise the batch")
         self.grid, self.config = grid, config
         self.arch = arch if arch is not None else hpcgpu.arch.CPU()
+        # collective, in the same order on every rank: transports and NCCL communicators first
+        device_collectives = prepare_device_communication(grid, self.arch)
+        if tensor_collectives is None:
+            tensor_collectives = device_collectives
         self.parallel_model = build_parallel_model(grid, model_spec, boundaries, tensor_collectives)
         model = self.parallel_model.model
         self.trainer = Trainer(model, config)
@@ -252,9 +271,12 @@ class ParallelTrainer:
             init_parallel_parameters(self.parallel_model, config.seed, master_dtype))
         precision.refresh_compute_params()
         self.sync.attach(precision)
+        if point_to_point is None:
+            point_to_point = make_point_to_point(grid.pipeline, self.arch)
         self.engine = PipelineEngine(model, grid.pipeline_rank, grid.pipeline_size, micro_batches,
-                                     schedule, point_to_point or MpiPointToPoint(grid.pipeline),
-                                     grid.pipeline)
+                                     schedule, point_to_point, grid.pipeline)
+        self.itemsize = int(precision.compute_params.dtype.itemsize)
+        self.communication = CommunicationMeter(find_tensor_group(model), point_to_point)
         self._timing = {"wall": 0.0, "idle": 0.0, "steps": 0, "peak_in_flight": 0}
 
     def step(self, x_local, y_local, sample_index_local, timers=None):
@@ -280,10 +302,12 @@ class ParallelTrainer:
         precision = state.precision
         with _phase(timers, "compute"):
             precision.compute_grads.fill(0)
+            self.communication.begin_step()
             loss_contribution, stats = self.engine.compute_gradients(
                 x_local, y_local, sample_index_local, config.seed, state.step,
                 config.global_batch_size, precision.compute_params.dtype, precision.loss_scale,
                 self.sync)
+            self.communication.end_step()
         with _phase(timers, "allreduce"):
             self.sync.finish_gradients(precision.compute_grads)
         loss_scale = precision.loss_scale

@@ -12,9 +12,16 @@ backward of micro-batch ``m`` -- in the order of a schedule:
   ``min(P - s - 1, M)`` warm-up forwards, then alternates one forward and one backward, then drains
   the remaining backwards. Same bubble, but at most ``P - s`` micro-batches held.
 
+Messages go through a sender of :mod:`apps.train.pipeline_transport` (MPI on CPUs, NCCL on GPUs).
+A send is posted together with the next receive from the same neighbour (1F1B's steady state:
+activation forward with the next gradient's receive, gradient backward with the next activation's
+receive) and alone otherwise, so that senders whose sends complete only when the peer receives
+(NCCL) cannot deadlock.
+
 With equal stage times both leave each stage idle for a fraction (P - 1) / (M + P - 1) of the step
 (:func:`bubble_fraction`; :func:`simulate_schedule` replays a schedule with given times). The
-:class:`PipelineEngine` measures it too: idle time (waiting for a neighbour) over the step's wall time.
+:class:`PipelineEngine` measures it too: idle time (waiting for a neighbour) over the step's wall time
+(:class:`StageClock`: the host clock on CPUs, CUDA events on GPUs).
 
 Both schedules run backwards in micro-batch order 0, 1, ..., M - 1, so the gradients accumulate in
 the same order: GPipe and 1F1B give bitwise the same gradients. The loss of every micro-batch is
@@ -30,8 +37,7 @@ them back just before that micro-batch's backward (:func:`stash_activations`).
 import time
 from dataclasses import dataclass
 
-import numpy as np
-
+from hpcgpu.arch import is_device_array
 from hpcgpu.errors import ConfigurationError
 
 from .data import shard_bounds
@@ -39,45 +45,11 @@ from .layers import ForwardContext
 from .loss import count_correct, softmax_cross_entropy
 from .pipeline_schedule import (SCHEDULES, bubble_fraction, gpipe_schedule, one_f_one_b_schedule,
                                 partition_stages, schedule_for, simulate_schedule)
+from .pipeline_transport import MpiPointToPoint
 
 __all__ = ["SCHEDULES", "MpiPointToPoint", "PipelineEngine", "PipelineStepStats", "bubble_fraction",
            "gpipe_schedule", "one_f_one_b_schedule", "partition_stages", "restore_activations",
            "schedule_for", "simulate_schedule", "stash_activations"]
-
-
-class MpiPointToPoint:
-    """Activations and gradients between pipeline stages over MPI (NumPy buffers).
-
-    The pluggable interface (a NCCL version provides the same three methods): ``send`` is
-    non-blocking and keeps the array alive until :meth:`wait_all`; ``recv`` blocks. Paired calls
-    match by ``(peer, tag)``; the engine uses tag ``2 m`` forward and ``2 m + 1`` backward.
-
-    Parameters
-    ----------
-    comm : hpcgpu.Communicator
-        The pipeline sub-communicator (rank = stage).
-    """
-
-    def __init__(self, comm):
-        self.comm = comm
-        self._pending = []
-
-    def send(self, array, dest, tag):
-        """Start sending ``array`` (C-contiguous copy if needed) to ``dest``; returns None."""
-        buffer = np.ascontiguousarray(array)
-        self._pending.append((self.comm.mpi.Isend(buffer, dest=dest, tag=tag), buffer))
-
-    def recv(self, shape, dtype, source, tag):
-        """Receive an array of ``shape`` and ``dtype`` from ``source`` (blocking)."""
-        buffer = np.empty(shape, dtype=dtype)
-        self.comm.mpi.Recv(buffer, source=source, tag=tag)
-        return buffer
-
-    def wait_all(self):
-        """Complete every send started; returns None."""
-        for request, _ in self._pending:
-            request.Wait()
-        self._pending = []
 
 
 def stash_activations(model):
@@ -102,6 +74,50 @@ def restore_activations(stash):
     for owner, saved in stash:
         for key, value in saved.items():
             setattr(owner, key, value)
+
+
+class StageClock:
+    """Wall and busy (compute) time of one stage's step: the measured bubble is the rest.
+
+    On CPUs the host clock. On GPUs the host only queues kernels (and NCCL's receives wait on the
+    device), so the times come from CUDA events recorded on the current stream around each
+    forward and backward and at the start and end of the step; :meth:`finish` waits for the last
+    one (one host synchronisation per step).
+    """
+
+    def __init__(self, on_device):
+        self.on_device = on_device
+        self.intervals = []
+        self.busy = 0.0
+        self.started = self.mark()
+
+    def mark(self):
+        """A time stamp: ``time.perf_counter()`` or a recorded ``cupy.cuda.Event``."""
+        if not self.on_device:
+            return time.perf_counter()
+        import cupy
+
+        event = cupy.cuda.Event()
+        event.record()
+        return event
+
+    def add_busy(self, begun):
+        """Count the time since ``begun`` (a :meth:`mark`) as compute; returns None."""
+        if self.on_device:
+            self.intervals.append((begun, self.mark()))
+        else:
+            self.busy += time.perf_counter() - begun
+
+    def finish(self):
+        """``(wall, busy)`` seconds of the step."""
+        if not self.on_device:
+            return time.perf_counter() - self.started, self.busy
+        import cupy
+
+        ended = self.mark()
+        ended.synchronize()
+        busy = sum(cupy.cuda.get_elapsed_time(a, b) for a, b in self.intervals) / 1e3
+        return cupy.cuda.get_elapsed_time(self.started, ended) / 1e3, busy
 
 
 @dataclass
@@ -134,8 +150,9 @@ class PipelineEngine:
     n_micro : int
         Micro-batches M per step.
     schedule : {"1f1b", "gpipe"}
-    point_to_point : MpiPointToPoint or compatible
-        Unused when ``n_stages == 1``.
+    point_to_point : MpiPointToPoint, NcclPointToPoint or StagedPointToPoint
+        The pipeline sender (:mod:`apps.train.pipeline_transport`); unused when
+        ``n_stages == 1``.
     control : hpcgpu.Communicator
         The pipeline communicator, for the one-time exchange of activation shapes (MPI is the
         control plane; the data itself goes through ``point_to_point``).
@@ -188,16 +205,22 @@ class PipelineEngine:
                 f"pipeline: {local_batch} samples per data replica cannot fill {self.n_micro} "
                 "micro-batches; raise the global batch size or lower --micro-batches")
         bounds = [shard_bounds(local_batch, micro, self.n_micro) for micro in range(self.n_micro)]
-        stash, loss_total, busy, in_flight, peak = {}, 0.0, 0.0, 0, 0
-        started = time.perf_counter()
+        stash, loss_total, in_flight, peak = {}, 0.0, 0, 0
+        clock = StageClock(is_device_array(x))
         last_operation = self.operations[-1]
+        pending = None   # this stage's last send, posted with the next receive from its peer
         for kind, micro in self.operations:
             lo, hi = bounds[micro]
             if kind == "F":
-                inputs = self._receive_input(hi - lo, compute_dtype, micro)
+                inputs = None
+                if not self.is_first:
+                    inputs = self._post(pending, self._input_message(hi - lo, compute_dtype, micro))
+                elif pending is not None:
+                    self._post(pending)
+                pending = None
                 if inputs is None:
                     inputs = x[lo:hi].astype(compute_dtype, copy=False)
-                begun = time.perf_counter()
+                begun = clock.mark()
                 ctx = ForwardContext(training=True, seed=seed, step=step,
                                      sample_index=sample_index[lo:hi])
                 outputs = self.model.forward(inputs, ctx)
@@ -208,16 +231,21 @@ class PipelineEngine:
                 else:
                     payload = outputs.shape
                 stash[micro] = (stash_activations(self.model), payload)
-                busy += time.perf_counter() - begun
+                clock.add_busy(begun)
                 if not self.is_last:
-                    self._send_output(outputs, micro)
+                    pending = self._output_message(outputs, micro)
                 in_flight += 1
                 peak = max(peak, in_flight)
             else:
                 saved, payload = stash.pop(micro)
-                grad = payload if self.is_last else self.p2p.recv(
-                    payload, compute_dtype, self.stage + 1, 2 * micro + 1)
-                begun = time.perf_counter()
+                if self.is_last:
+                    grad = payload
+                    if pending is not None:
+                        self._post(pending)
+                else:
+                    grad = self._post(pending, (payload, compute_dtype, self.stage + 1, 2 * micro + 1))
+                pending = None
+                begun = clock.mark()
                 restore_activations(saved)
                 final = (kind, micro) == last_operation and sync is not None
                 if final:
@@ -225,13 +253,15 @@ class PipelineEngine:
                 grad_input = self.model.backward(
                     grad, on_grads_ready=sync.on_grads_ready if final else None,
                     need_input_grad=not self.is_first)
-                busy += time.perf_counter() - begun
+                clock.add_busy(begun)
                 if not self.is_first:
-                    self.p2p.send(grad_input, self.stage - 1, 2 * micro + 1)
+                    pending = (grad_input, self.stage - 1, 2 * micro + 1)
                 in_flight -= 1
+        if pending is not None:
+            self._post(pending)
         if self.n_stages > 1:
             self.p2p.wait_all()
-        wall = time.perf_counter() - started
+        wall, busy = clock.finish()
         return loss_total, PipelineStepStats(wall, busy, max(0.0, wall - busy), peak)
 
     def forward_only(self, x, y, compute_dtype, batch_size=1000):
@@ -253,9 +283,15 @@ class PipelineEngine:
         n_rows = int(x.shape[0])
         loss_sum, correct = 0.0, 0
         ctx = ForwardContext(training=False)
+        pending = None
         for chunk, start in enumerate(range(0, n_rows, batch_size)):
             stop = min(start + batch_size, n_rows)
-            inputs = self._receive_input(stop - start, compute_dtype, chunk)
+            inputs = None
+            if not self.is_first:
+                inputs = self._post(pending, self._input_message(stop - start, compute_dtype, chunk))
+            elif pending is not None:
+                self._post(pending)
+            pending = None
             if inputs is None:
                 inputs = x[start:stop].astype(compute_dtype, copy=False)
             outputs = self.model.forward(inputs, ctx)
@@ -264,26 +300,40 @@ class PipelineEngine:
                 loss_sum += float(loss) * (stop - start)
                 correct += count_correct(outputs, y[start:stop])
             else:
-                self._send_output(outputs, chunk)
+                pending = self._output_message(outputs, chunk)
             for layer in self.model.layers:
                 layer.release()
+        if pending is not None:
+            self._post(pending)
         if self.n_stages > 1:
             self.p2p.wait_all()
         return loss_sum, correct
 
-    def _receive_input(self, rows, dtype, micro):
-        """The activation of ``micro`` from the previous stage (None on the first stage)."""
-        if self.is_first:
-            return None
+    def _post(self, send, receive=None):
+        """Post ``send`` (or None) and ``receive`` (or None); returns the received array or None.
+
+        A send and a receive with the same peer go in ONE exchange (one NCCL group): NCCL sends
+        complete only when the peer posts its receive, and in the 1F1B steady state both
+        neighbours send to each other before receiving (see :mod:`apps.train.pipeline_transport`).
+        Otherwise the send is posted first, alone, so the next stage is not kept waiting.
+        """
+        if send is not None and receive is not None and send[1] == receive[2]:
+            return self.p2p.exchange(send=send, receive=receive)
+        if send is not None:
+            self.p2p.exchange(send=send)
+        return None if receive is None else self.p2p.exchange(receive=receive)
+
+    def _input_message(self, rows, dtype, micro):
+        """The receive ``(shape, dtype, source, tag)`` of ``micro``'s activation (not first stage)."""
         if self._input_trailing_shape is None:
             # once per run: the previous stage says what one sample's activation looks like
             self._input_trailing_shape = tuple(self.control.mpi.recv(source=self.stage - 1,
                                                                      tag=self.SHAPE_TAG))
-        return self.p2p.recv((rows,) + self._input_trailing_shape, dtype, self.stage - 1,
-                             2 * micro)
+        return (rows,) + self._input_trailing_shape, dtype, self.stage - 1, 2 * micro
 
-    def _send_output(self, outputs, micro):
+    def _output_message(self, outputs, micro):
+        """The send ``(array, dest, tag)`` of ``micro``'s activation (not last stage)."""
         if not self._shape_sent:
             self.control.mpi.send(tuple(outputs.shape[1:]), dest=self.stage + 1, tag=self.SHAPE_TAG)
             self._shape_sent = True
-        self.p2p.send(outputs, self.stage + 1, 2 * micro)
+        return outputs, self.stage + 1, 2 * micro

@@ -17,9 +17,10 @@ block costs one allreduce of ``batch x width`` values forward and one backward; 
 dropout and the residual stay replicated (they see the same values on every rank).
 
 The allreduce goes through a :class:`TensorGroup`, which holds the rank, the size and any object with
-``allreduce(array, op)``: an :class:`hpcgpu.Communicator` (CPU: MPI on NumPy buffers) or the
-device collectives of a GPU job (:func:`hpcgpu.transport.device_collectives.make_device_collectives`,
-NCCL on the current stream).
+``allreduce(array, op)``: an :class:`hpcgpu.Communicator` (CPU: MPI on NumPy buffers) or, on GPUs,
+the tensor communicator's device collectives (NCCL on the current stream, the device arrays in
+place of host copies; host-staged MPI only when the job's transport is not ``nccl``), set up by
+:func:`apps.train.parallel_grid.prepare_device_communication`.
 
 Initialisation: a shard is cut from the values the UNSPLIT layer would get for the same seed
 (:meth:`ColumnParallelLinear.shard`, :meth:`RowParallelLinear.shard`, used by
@@ -47,8 +48,9 @@ class TensorGroup:
         Anything with ``allreduce(array, op)`` returning the sum over the group (an
         :class:`hpcgpu.Communicator` on the CPU, ``NcclCollectives`` of the tensor
         sub-communicator on GPUs). Unused when ``size == 1``.
-    n_allreduces, n_values_reduced : int
-        Counters of the collectives issued (the tests check one per block and direction).
+    n_allreduces, n_values_reduced, n_bytes_reduced : int
+        Counters of the collectives issued (the tests check one per block and direction) and of
+        the values and bytes passed to them (:mod:`apps.train.comm_volume`).
     """
 
     rank: int
@@ -56,6 +58,7 @@ class TensorGroup:
     collectives: object = None
     n_allreduces: int = field(default=0)
     n_values_reduced: int = field(default=0)
+    n_bytes_reduced: int = field(default=0)
 
     def __post_init__(self):
         if self.size < 1 or not 0 <= self.rank < self.size:
@@ -78,6 +81,7 @@ class TensorGroup:
             return array
         self.n_allreduces += 1
         self.n_values_reduced += int(array.size)
+        self.n_bytes_reduced += int(array.nbytes)
         return self.collectives.allreduce(array, "sum")
 
 

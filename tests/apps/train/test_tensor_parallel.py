@@ -156,7 +156,7 @@ def test_tensor_parallel_block_gradients_equal_the_unsplit_block(comm):
     Two forms: the residual block of MLPSpec, and the same layers at top level (where Sequential
     leaves the column-parallel bias to the GELU kernel)."""
     grid = make_grid(comm, 1, 2, 1)
-    assert grid.describe() == "grid D x T x P = 1 x 2 x 1; tensor axis inside a node"
+    assert grid.describe() == "grid D x T x P = 1 x 2 x 1 on 1 node(s): tensor axis inside a node"
     rng = np.random.default_rng(0)
     x = rng.standard_normal((6, SPEC.width))
     grad_out = rng.standard_normal((6, SPEC.width))
