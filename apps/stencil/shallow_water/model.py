@@ -4,14 +4,15 @@ Each of the three stages of a step::
 
     start exchanging the stage input (h, u, v packed in one message per neighbour, corners included)
     update the interior of the stage output          (overlaps the exchange)
-    wait; fill the physical ghost rows               (channel walls, or the mirrors beyond the poles)
+    wait: the neighbours' ghosts, then the physical ones (channel walls, or the mirrors beyond the poles)
     update the rim
     finish the stage                                 (lat-lon: the polar filter; channel: nothing)
 
-A grid's model (:class:`apps.stencil.swe.model.SweModel`, :class:`apps.stencil.sphere.model.LatLonModel`)
-builds its decomposition, tile parameters and initial state, and provides
-:meth:`ShallowWaterModel.fill_physical_ghosts`, :meth:`ShallowWaterModel.local_diagnostics` and, where
-it has one, :meth:`ShallowWaterModel.finish_stage`.
+The physical ghosts are boundary conditions of the exchange (:mod:`hpcgpu.halo.boundaries`), so the
+step never asks where its tile lies. A grid's model (:class:`apps.stencil.swe.model.SweModel`,
+:class:`apps.stencil.sphere.model.LatLonModel`) builds its decomposition, tile parameters and initial
+state, and provides :meth:`ShallowWaterModel.physical_boundary_conditions`,
+:meth:`ShallowWaterModel.local_diagnostics` and, where it has one, :meth:`ShallowWaterModel.finish_stage`.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class ShallowWaterModel(StencilModel):
 
     A subclass sets ``comm``, ``arch``, ``dtype``, ``grid``, ``tile`` (with ``tile.metrics``), ``dt``,
     ``init_name``, ``diagnostic_names`` and ``initial_diagnostics``, calls :meth:`_allocate_fields`
-    and :meth:`_set_steps`, and provides :meth:`fill_physical_ghosts` and :meth:`local_diagnostics`.
+    and :meth:`_set_steps`, and provides :meth:`physical_boundary_conditions` and :meth:`local_diagnostics`.
     ``increment`` and ``filtered_rows`` (the polar filter's rows) stay empty on a grid without a filter.
     """
 
@@ -64,6 +65,7 @@ class ShallowWaterModel(StencilModel):
         # --no-overlap: exchange, then one update of every owned cell (bitwise the same result).
         self.overlap = bool(overlap)
         self.owned = (width, width + shape[0], width, width + shape[1])
+        self.boundary_conditions = self.physical_boundary_conditions()
 
     def _set_steps(self, days: float) -> None:
         """``--days`` of steps at ``dt``; the work and the minimum traffic of one step."""
@@ -74,8 +76,8 @@ class ShallowWaterModel(StencilModel):
         self.min_bytes_per_update = 6 * np.dtype(self.dtype).itemsize
 
     # ------------------------------------------------------------------ what a grid provides
-    def fill_physical_ghosts(self, fields) -> None:
-        """Fill the ghost rows beyond the physical boundaries of (h, u, v), in place; returns None."""
+    def physical_boundary_conditions(self) -> tuple:
+        """The boundary conditions of (h, u, v) beyond the non-periodic edges, for the halo exchange."""
         raise NotImplementedError
 
     def finish_stage(self, timers, out, base, stage, a: float, b: float) -> None:
@@ -87,9 +89,8 @@ class ShallowWaterModel(StencilModel):
 
     # ------------------------------------------------------------------ stepping
     def exchange(self, fields) -> None:
-        """Fill all ghosts of (h, u, v): one exchange for all three, then the physical boundaries."""
-        hpcgpu.exchange_halos(fields)
-        self.fill_physical_ghosts(fields)
+        """Fill all ghosts of (h, u, v): one exchange for all three, physical boundaries included."""
+        hpcgpu.exchange_halos(fields, boundary_conditions=self.boundary_conditions)
 
     @property
     def fields(self):
@@ -106,14 +107,13 @@ class ShallowWaterModel(StencilModel):
         metrics, increment, filtered = self.tile.metrics, self.increment, self.filtered_rows
         for (a, b), source, target in zip(SSP_RK3_STAGES, inputs, outputs):
             base, stage, out = ([f.data for f in fs] for fs in (self.state, source, target))
-            pending = hpcgpu.exchange_halos(source, wait=False)
+            pending = hpcgpu.exchange_halos(source, wait=False, boundary_conditions=self.boundary_conditions)
             with timers.phase("compute"):
                 if self.overlap and self.interior is not None:
                     shallow_water_stage(out, base, stage, a, b, self.dt, metrics, self.interior, increment, filtered)
             with timers.phase("communication"):
-                pending.wait()
+                pending.wait()   # the neighbours' ghosts, then the walls / pole mirrors
             with timers.phase("compute"):
-                self.fill_physical_ghosts(source)
                 for region in (self.rim if self.overlap else [self.owned]):
                     shallow_water_stage(out, base, stage, a, b, self.dt, metrics, region, increment, filtered)
             self.finish_stage(timers, out, base, stage, a, b)

@@ -1,13 +1,14 @@
 """The shallow-water model on a latitude-longitude grid as an ``apps.stencil`` model (``--grid latlon``).
 
 The step is the core's (:class:`apps.stencil.shallow_water.model.ShallowWaterModel`): exchange each
-stage's input while the interior updates, fill the ghost rows beyond the poles (mirror, zero-length
-pole faces), update the rim; then this model finishes the stage with the polar filter (allgather
-the polar rows' increments in the row communicator, FFT, combine).
+stage's input while the interior updates (the ghost rows beyond the poles -- mirror, zero-length
+pole faces -- are the exchange's boundary conditions), update the rim; then this model finishes the
+stage with the polar filter (allgather the polar rows' increments in the row communicator, FFT,
+combine).
 
 On a GPU (``--backend cupy``) the stages run as the core's per-row-metrics CUDA kernel
-(:mod:`apps.stencil.shallow_water.stage_gpu`)
-on the compute stream while the halos travel (NCCL or host-staged MPI); the polar filter stays on
+(:mod:`apps.stencil.shallow_water.stage_gpu`) on the compute stream while the halos travel (NCCL or
+host-staged MPI); the polar filter stays on
 the device when each rank holds whole latitude circles (``--dims N,1``, the default for GPUs) and
 is staged through the host otherwise (:mod:`apps.stencil.sphere.polar_filter_gpu`).
 
@@ -28,8 +29,8 @@ from apps.stencil.sphere.initial_conditions import initial_owned_state, make_ini
 from apps.stencil.sphere.parameters import DEFAULT_FILTER_LATITUDE_DEG, SphereParameters, tile_parameters
 from apps.stencil.sphere.polar_filter import filter_and_combine, make_filter_plan, mpi_row_gather
 from apps.stencil.sphere.timestep import DEFAULT_CFL, stability_rate
-from apps.stencil.swe.boundaries import fill_channel_boundaries
 from hpcgpu.errors import ConfigurationError
+from hpcgpu.halo import free_slip_channel_walls
 
 OPTION_DEFAULTS = {"nx": 128, "ny": 64, "init": "williamson2", "alpha": 0.0, "days": None, "dt": None,
                    "cfl": DEFAULT_CFL, "dims": None, "precision": "fp64",
@@ -109,12 +110,11 @@ class LatLonModel(ShallowWaterModel):
             raise ConfigurationError(f"--cfl must be in (0, 1]; got {cfl}")
         return cfl * limit
 
-    def fill_physical_ghosts(self, fields) -> None:
-        """The mirrors beyond the poles; returns None."""
+    def physical_boundary_conditions(self) -> tuple:
+        """The mirrors beyond the poles, for the halo exchange."""
         # The pole faces have zero length, so the mirror ghosts only ever meet exact zero weights;
         # the channel's wall mirror (v odd, h and u even) is the right fill.
-        h, u, v = (f.data for f in fields)
-        fill_channel_boundaries(h, u, v, 1, self.tile.at_south, self.tile.at_north)
+        return free_slip_channel_walls()
 
     def finish_stage(self, timers, out, base, stage, a: float, b: float) -> None:
         """The polar filter: filter the polar rows' increments over whole circles and combine; returns None."""

@@ -1,7 +1,8 @@
 """The shallow-water channel as an ``apps.stencil`` model: the core's overlapped SSP-RK3 step on the channel.
 
 The step (:class:`apps.stencil.shallow_water.model.ShallowWaterModel`) exchanges each stage's input
-while the interior updates, then fills the wall ghost rows and updates the rim. The time step is
+while the interior updates (the wall ghost rows are the exchange's boundary conditions), then
+updates the rim. The time step is
 fixed for the run: ``--dt`` (checked against the stability limit) or ``--cfl`` times the limit of
 the initial state (a global minimum, identical on every rank).
 """
@@ -14,12 +15,12 @@ import numpy as np
 
 import hpcgpu
 from apps.stencil.shallow_water.model import SECONDS_PER_DAY, ShallowWaterModel
-from apps.stencil.swe.boundaries import fill_channel_boundaries
 from apps.stencil.swe.diagnostics import DIAGNOSTIC_NAMES, local_diagnostics
 from apps.stencil.swe.initial_conditions import fill_initial_state, make_initial_condition
 from apps.stencil.swe.parameters import SWEParameters, tile_parameters
 from apps.stencil.swe.timestep import check_dt, stability_rate
 from hpcgpu.errors import ConfigurationError
+from hpcgpu.halo import free_slip_channel_walls
 
 
 class SweModel(ShallowWaterModel):
@@ -71,10 +72,9 @@ class SweModel(ShallowWaterModel):
             raise ConfigurationError(f"--cfl must be in (0, 1]; got {options.cfl}")
         return options.cfl * limit
 
-    def fill_physical_ghosts(self, fields) -> None:
-        """The free-slip walls: mirror ghost rows at tiles touching y = 0 or y = Ly; returns None."""
-        h, u, v = (f.data for f in fields)
-        fill_channel_boundaries(h, u, v, self.parameters.halo_width, self.tile.at_south, self.tile.at_north)
+    def physical_boundary_conditions(self) -> tuple:
+        """Free-slip walls at y = 0 and y = Ly (h, u mirrored even; v odd about the wall face, 0 on it)."""
+        return free_slip_channel_walls()
 
     # ------------------------------------------------------------------ stepping
     def capturable(self, n_steps: int = 1) -> bool:
