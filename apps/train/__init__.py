@@ -7,7 +7,7 @@ Modules, one concept each:
 * :mod:`~apps.train.sequential` -- models, gradient-ready hook, recomputation
 * :mod:`~apps.train.loss` -- softmax cross-entropy over the global batch
 * :mod:`~apps.train.optim` -- SGD, AdamW (shardable), schedule, clipping
-* :mod:`~apps.train.precision` -- fp16 mixed precision, dynamic loss scaling
+* :mod:`~apps.train.precision` -- fp16 (dynamic loss scaling) and bf16 mixed precision
 * :mod:`~apps.train.models` -- MNIST-1D MLP/CNN, large MLP
 * :mod:`~apps.train.data` -- MNIST-1D generation, HDF5, global shuffle, sharding
 * :mod:`~apps.train.trainer` -- init/step functions and a one-process loop

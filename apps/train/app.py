@@ -44,6 +44,10 @@ MODELS = ("mlp", "cnn", "large-mlp", "residual-mlp")
 #: models, whose checkpoints must stay restartable.
 SPLIT_OPTIONS = ("tensor_parallel", "pipeline_parallel", "micro_batches", "pipeline_schedule", "hidden")
 
+#: The options that choose the split model's rank grid and schedule, not the model: a checkpoint of the
+#: split model restarts under other values of them (resharding).
+GRID_OPTIONS = ("tensor_parallel", "pipeline_parallel", "micro_batches", "pipeline_schedule")
+
 #: Per-model defaults. mlp / cnn: the MNIST-1D reference models and batch, with AdamW, weight decay and
 #: warm-up + cosine tuned so that every seed tried reaches the published accuracy (docs/train.md).
 RECIPES = {
@@ -272,13 +276,6 @@ def check_split_model(options, n_ranks: int) -> None:
         raise ConfigurationError(
             f"--recompute is not supported with {what} yet (the pipeline's stash of recomputed "
             "blocks is untested). Run without --recompute")
-    if options.checkpoint_every or options.restart is not None or options.wall_time_limit is not None:
-        flag = ("--checkpoint-every" if options.checkpoint_every else
-                "--restart" if options.restart is not None else "--wall-time-limit")
-        raise ConfigurationError(
-            f"{flag} is not supported with {what} yet: a checkpoint must hold the optimiser state, and "
-            "the split model cannot gather its shards' AdamW moments into one (only the parameters, "
-            "for the checksum). Run without checkpoints")
     if options.hidden % tensor:
         raise ConfigurationError(
             f"--hidden {options.hidden} cannot be split over --tensor-parallel {tensor} ranks; choose "
@@ -392,7 +389,10 @@ def run(options, comm) -> dict:
                                      "training samples; use a smaller global batch")
         if uses_split_model(config):
             model = build_split_model(config, comm, arch, data)
-            fingerprint = fingerprinted_options(config.as_dict())
+            # The grid is left out: a checkpoint holds the unsplit model and restarts on any D x T x P
+            # (apps/train/sharded_checkpoint.py); --hidden and the rest of the model stay in.
+            fingerprint = fingerprinted_options({key: value for key, value in config.as_dict().items()
+                                                 if key not in GRID_OPTIONS})
         else:
             network = build_model(config, data.source.sample_shape, data.n_classes)
             trainer = Trainer(network, train_config(config))

@@ -87,12 +87,35 @@ def test_split_runs_agree_with_one_rank(tmp_path, data_file, one_rank, flags, de
     (["--tensor-parallel", "2", "--pipeline-parallel", "2"], "does not divide the job's 2 ranks"),
     (["--tensor-parallel", "2", "--zero", "1"], "--zero 1 is not supported"),
     (["--pipeline-parallel", "2", "--accum-steps", "2"], "use --micro-batches 4"),
-    (["--tensor-parallel", "2", "--checkpoint-every", "5"], "cannot gather its shards' AdamW moments"),
     (["--tensor-parallel", "2", "--model", "large-mlp"], "only --model residual-mlp is split"),
     (["--tensor-parallel", "2", "--hidden", "33"], "--hidden 33 cannot be split"),
-], ids=["ranks", "zero", "accum", "checkpoint", "model", "hidden"])
+], ids=["ranks", "zero", "accum", "model", "hidden"])
 def test_refused_combinations_exit_2_with_one_message(tmp_path, data_file, args, expected):
     result = run_app(tmp_path, 2, *SPLIT, "--data", data_file, "--checkpoint-dir", str(tmp_path / "none"),
                      *args, expect=2, timeout=60)
     assert expected in result.output, result.output
     assert result.output.count("error:") == 1, result.output
+
+
+def test_split_model_checkpoint_restarts_bitwise_and_reshards(tmp_path, data_file):
+    """--tensor-parallel 2 with --checkpoint-every: the restart from step 10 on the same grid continues the
+    uninterrupted run bitwise; the same checkpoint restarted as --pipeline-parallel 2 (resharded) agrees
+    to rounding; another --hidden is refused with one message."""
+    checkpoints = tmp_path / "ckpt"
+    tensor = ["--tensor-parallel", "2"]
+    full = run_app(tmp_path / "full", 2, *SPLIT, *tensor, "--data", data_file, "--checkpoint-dir", str(checkpoints),
+                   "--checkpoint-every", "10")
+    same = run_app(tmp_path / "same", 2, *SPLIT, *tensor, "--data", data_file, "--checkpoint-dir", str(checkpoints),
+                   "--restart", str(checkpoints / "ckpt_000000010"))
+    assert same["first_step"] == 10
+    assert same["diagnostics"]["loss_curve"] == full["diagnostics"]["loss_curve"]   # history restored, then continued
+    assert same["checksum"] == full["checksum"]
+    resharded = run_app(tmp_path / "pipe", 2, *SPLIT, "--pipeline-parallel", "2", "--micro-batches", "2",
+                        "--data", data_file, "--checkpoint-dir", str(checkpoints),
+                        "--restart", str(checkpoints / "ckpt_000000010"))
+    assert resharded["decomposition"]["pipeline"] == 2
+    assert relative(resharded["diagnostics"]["loss_curve"], full["diagnostics"]["loss_curve"]) < TOLERANCE
+    refused = run_app(tmp_path / "other", 2, *[a if a != "32" else "64" for a in SPLIT], *tensor,
+                      "--data", data_file, "--checkpoint-dir", str(checkpoints),
+                      "--restart", str(checkpoints / "ckpt_000000010"), expect=2)
+    assert refused.output.count("error:") == 1, refused.output
