@@ -19,6 +19,7 @@ every run's checksum is also written to FILE, so two trees can be compared run b
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
@@ -61,9 +62,11 @@ def record_checksum(key: str, checksum: str) -> None:
     path = os.environ.get("HPCGPU_CHECKSUM_RECORD")
     if not path:
         return
-    recorded = json.loads(Path(path).read_text()) if Path(path).exists() else {}
-    recorded[key] = checksum
-    Path(path).write_text(json.dumps(recorded, indent=1) + "\n")
+    with open(f"{path}.lock", "w") as lock:   # pytest-xdist workers add runs to the same file
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        recorded = json.loads(Path(path).read_text()) if Path(path).exists() else {}
+        recorded[key] = checksum
+        Path(path).write_text(json.dumps(recorded, indent=1) + "\n")
 
 
 def same_checksum(*summaries) -> None:
