@@ -93,7 +93,9 @@ class ParallelTrainingModel(TrainingRun):
         options, grid = self.options, self.grid
         lines = self.first_header_lines(arch)
         shares = sorted(set(self._replica_shares()))
-        lines.append(f"ranks: {comm.size} on {comm.n_nodes} node(s); global batch {options.batch_size} = "
+        n_nodes = len(set(grid.node_of_rank)) if grid.node_of_rank else comm.n_nodes
+        nodes = f"{n_nodes} node(s)" if n_nodes == comm.n_nodes else f"{n_nodes} simulated node(s)"
+        lines.append(f"ranks: {comm.size} on {nodes}; global batch {options.batch_size} = "
                      f"{grid.data_size} data replica(s) x {'/'.join(str(s) for s in shares)} in "
                      f"{options.micro_batches} micro-batch(es); "
                      f"{len(self.runner.sync.data_parallel.buckets)} allreduce bucket(s) of <= "
