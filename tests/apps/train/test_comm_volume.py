@@ -22,7 +22,11 @@ from apps.train.comm_volume import (blocks_in_stage, communication_report, compu
 from apps.train.loader import ArraySource, ShardedLoader
 from apps.train.parallel_grid import make_grid
 from apps.train.parallel_training import ParallelTrainer, train_steps
+from apps.train.params import init_flat_parameters
+from apps.train.pipeline import PipelineEngine
 from apps.train.pipeline_transport import MpiPointToPoint
+from apps.train.sequential import Sequential
+from apps.train.tensor_parallel import mlp_layers
 
 
 class SynchronousPointToPoint(MpiPointToPoint):
@@ -87,6 +91,54 @@ def test_grid_line_names_the_axes_inside_a_node():
     assert not grid.axis_inside_node("tensor") and grid.axis_inside_node("pipeline")
     assert "tensor axis SPANS nodes" in grid.describe()
     assert "pipeline axis inside a node" in grid.describe()
+
+
+class RecordingPointToPoint:
+    """Records ``(send peer, receive peer)`` of every exchange; receives are zeros."""
+
+    def __init__(self):
+        self.exchanges, self.bytes_sent = [], 0
+
+    def exchange(self, send=None, receive=None):
+        self.exchanges.append((None if send is None else send[1], None if receive is None else receive[2]))
+        return None if receive is None else np.zeros(receive[0], dtype=receive[1])
+
+    def wait_all(self):
+        pass
+
+
+class ShapeControl:
+    """The pipeline communicator's ``mpi`` for the one-time shape message: (width,) comes in."""
+
+    def __init__(self):
+        self.mpi = self
+
+    def recv(self, source, tag):
+        return (SPEC.width,)
+
+    def send(self, value, dest, tag):
+        pass
+
+
+@pytest.mark.parametrize("schedule, expected", [
+    # stage 1 of 3, M = 4. 1F1B: F0 F1 B0 F2 B1 F3 B2 B3 -- each steady-state send goes in one
+    # exchange with the next receive from the same neighbour; the others go alone, at once
+    ("1f1b", [(None, 0), (2, None), (None, 0), (2, 2), (0, 0), (2, 2), (0, 0), (2, 2), (0, None),
+              (None, 2), (0, None)]),
+    # GPipe: F0..F3 B0..B3 -- only the last activation meets a receive from its peer (B0's)
+    ("gpipe", [(None, 0), (2, None), (None, 0), (2, None), (None, 0), (2, None), (None, 0), (2, 2),
+               (0, None), (None, 2), (0, None), (None, 2), (0, None), (None, 2), (0, None)]),
+])
+def test_engine_pairs_a_send_with_the_next_receive_from_the_same_neighbour(schedule, expected):
+    model = Sequential(mlp_layers(SPEC)[2:4])
+    params = init_flat_parameters(model.layout, 4, "float64")
+    model.bind(params, np.zeros_like(params))
+    sender = RecordingPointToPoint()
+    engine = PipelineEngine(model, 1, 3, 4, schedule, sender, ShapeControl())
+    x = np.zeros((8, SPEC.n_inputs))
+    engine.compute_gradients(x, np.zeros(8, dtype=int), np.arange(8, dtype=np.int64), seed=1, step=0,
+                             global_batch_size=8, compute_dtype=np.float64)
+    assert sender.exchanges == expected
 
 
 # ------------------------------------------------------------------ multi-rank
