@@ -6,11 +6,18 @@ On the GPU machine::
     python -m pytest tests/apps/train/test_pipeline_gpu.py -m gpu            # 1 GPU: the 1-rank cases
     (2 GPUs: the 1 x 1 x 2 and 1 x 2 x 1 cases; 4 GPUs: 1 x 2 x 2)
 
-NCCL refuses two ranks of one communicator on the same GPU, so every multi-rank case needs one GPU
-per rank (the ``mpi`` + ``gpu`` markers skip it otherwise). Tolerance: the CPU tests' 1e-10 relative
+NCCL refuses two ranks of one communicator on the same GPU, so every multi-rank NCCL case needs one
+GPU per rank (the ``mpi`` + ``gpu`` markers skip it otherwise). On ONE GPU,
+:func:`test_gpu_split_model_on_one_shared_gpu_host_staged` runs 1 x 1 x 2 and 1 x 2 x 1 with two
+ranks sharing the GPU (``HPCGPU_ALLOW_GPU_SHARING=1``) over the host-staged transport
+(``HPCGPU_TRANSPORT=mpi-staged``): the GPU engine, the staged pipeline sender and the staged tensor
+allreduce, not NCCL. Tolerance: the CPU tests' 1e-10 relative
 over 50 fp64 steps (the split products and micro-batches add partial sums in another order; GPU
 BLAS rounds differently from the CPU's only in those last places in fp64).
 """
+
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -106,3 +113,38 @@ def test_gpu_tensor_and_pipeline_grid_matches_one_process(comm):
     losses, _, runner = gpu_curve(make_grid(comm, 1, 2, 2), arch, micro_batches=3)
     assert relative(losses, cpu_losses) <= LOSS_TOLERANCE
     assert_measured_equals_computed(runner)
+
+
+def shared_gpu_body():
+    """Two ranks on one GPU, host-staged: 1 x 1 x 2 (M = 4, 1F1B) and 1 x 2 x 1 against the CPU."""
+    import hpcgpu
+    from apps.train.pipeline_transport import StagedPointToPoint
+
+    comm = hpcgpu.Communicator()
+    arch = hpcgpu.arch.auto(comm, backend="cupy")
+    (cpu_losses, cpu_params, _), _ = references(comm, arch)
+    for sizes, micro_batches in (((1, 1, 2), 4), ((1, 2, 1), 1)):
+        losses, params, runner = gpu_curve(make_grid(comm, *sizes), arch, micro_batches=micro_batches)
+        if sizes[2] > 1:
+            assert isinstance(runner.engine.p2p, StagedPointToPoint), runner.engine.p2p
+        assert relative(losses, cpu_losses) <= LOSS_TOLERANCE, (sizes, losses[-3:], cpu_losses[-3:])
+        assert relative(params, cpu_params) <= LOSS_TOLERANCE, sizes
+        assert_measured_equals_computed(runner)
+        report = runner.pipeline_report()
+        assert all(0.0 <= value < 1.0 for value in report["bubble_measured"]), report
+        if comm.rank == 0:
+            print(f"{sizes}: loss {relative(losses, cpu_losses):.2e}, bubble {report['bubble_measured']}")
+    print(f"[rank {comm.rank}] shared-GPU body passed", flush=True)
+
+
+@pytest.mark.gpus(1)
+def test_gpu_split_model_on_one_shared_gpu_host_staged():
+    from hpcgpu.launch import run_mpi
+
+    here = Path(__file__).parent
+    code = (f"import sys; sys.path[:0] = [{str(here)!r}, {str(here.parents[2])!r}]; "
+            "import test_pipeline_gpu; test_pipeline_gpu.shared_gpu_body()")
+    result = run_mpi(2, [sys.executable, "-c", code], timeout=400,
+                     env={"HPCGPU_ALLOW_GPU_SHARING": "1", "HPCGPU_TRANSPORT": "mpi-staged"})
+    assert result.returncode == 0, result.output
+    assert result.output.count("shared-GPU body passed") == 2, result.output
