@@ -349,12 +349,6 @@ def mlp_spec(options, sample_shape, n_classes) -> MLPSpec:
 
 def build_split_model(options, comm, arch, data) -> ParallelTrainingModel:
     """Collective: the D x T x P grid, the :class:`ParallelTrainer` and its driver model."""
-    if arch.is_gpu and options.pipeline_parallel > 1:
-        # arch.auto chose the backend on every rank together: the same answer everywhere
-        raise ConfigurationError(
-            "--pipeline-parallel > 1 runs on the CPU only for now: the stages' point-to-point sender "
-            "takes NumPy buffers (a NCCL sender is not written yet). Use --backend numpy or "
-            "--pipeline-parallel 1")
     spec = mlp_spec(options, data.source.sample_shape, data.n_classes)
     grid = make_grid(comm, tensor_size=options.tensor_parallel, pipeline_size=options.pipeline_parallel)
     runner = ParallelTrainer(grid, spec, train_config(options), arch, micro_batches=options.micro_batches,
