@@ -9,8 +9,10 @@ kernels (warp-marching by default).
 The nonlinear shallow-water equations in vector-invariant form, periodic in x, between free-slip
 walls at y = 0 and y = Ly. Every function works on *padded local arrays* -- the owned cells of one
 tile plus ``w`` ghost cells on each side -- so the same code runs on one rank or as one tile of a
-decomposed domain; nothing here knows about MPI. The app fills ghosts by halo exchange (x-periodicity
-and tile neighbours) and :func:`fill_channel_boundaries` (walls), then calls :func:`swe_stage`.
+decomposed domain; nothing here knows about MPI. The model fills ghosts with one halo exchange
+(x-periodicity, tile neighbours) whose boundary conditions are the walls
+(``hpcgpu.halo.free_slip_channel_walls()``, bitwise :func:`fill_channel_boundaries`, which one-tile
+code such as the demo uses), then calls :func:`swe_stage`.
 
 Grid
 ----
