@@ -59,6 +59,7 @@ class PingPongStencil:
         self.overlap = overlap and grid.comm.size > 1   # one rank: nothing in flight to hide
         self.current = hpcgpu.Field(grid, arch, halo_width=1, dtype=dtype, name=name)
         self.next = hpcgpu.Field(grid, arch, halo_width=1, dtype=dtype, name=name)
+        self._first = self.current
         # Along an axis with no neighbour at all (one block, not periodic) no ghost is ever filled by
         # an exchange, so there is no rim to compute early.
         rim_width = tuple(
@@ -72,6 +73,11 @@ class PingPongStencil:
             from apps.stencil.peer_rows import PeerRowExchange
 
             self.peer = PeerRowExchange(grid, arch, (self.current, self.next))
+
+    @property
+    def parity(self) -> int:
+        """0 or 1: which buffer is current (a CUDA graph of steps bakes in the order it was captured in)."""
+        return 0 if self.current is self._first else 1
 
     def exchange_current(self) -> None:
         """Fill the ghosts of the current state (after initialisation or a restart)."""

@@ -175,7 +175,7 @@ class Simulation:
         self.loud = comm.rank == 0 and not options.quiet
         self.timers = PhaseTimers(arch)
         self.control = self.progress = None
-        self.graphs = {}   # captured CUDA graphs by their number of steps
+        self.graphs = {}   # captured CUDA graphs by (number of steps, model.graph_key())
         self.max_graph_steps = MAX_GRAPH_STEPS
         self._due = [None] * len(self.operations)   # each operation's next step (its trigger's next_step)
         self.restarted = False
@@ -299,9 +299,10 @@ class Simulation:
             n_steps = graph_window(step, self.next_event(), model.capturable, self.max_graph_steps)
         with timers.range(f"steps {step + 1}-{step + n_steps}" if n_steps else f"step {step + 1}"):
             if n_steps:
-                graph = self.graphs.get(n_steps)
+                key = (n_steps, model.graph_key())   # a graph replays only the buffers it captured
+                graph = self.graphs.get(key)
                 if graph is None:
-                    graph = self.graphs[n_steps] = self.graph_class(self.arch, model, n_steps)
+                    graph = self.graphs[key] = self.graph_class(self.arch, model, n_steps)
                 graph.launch(timers)
             else:
                 model.step(timers)

@@ -124,6 +124,13 @@ class Model:
         buffers back in place) and replays the longest allowed. Default: False."""
         return False
 
+    def graph_key(self):
+        """What a captured graph depends on besides its length: it is replayed only where this is
+        equal to its value at capture (e.g. which of two ping-pong buffers is current: a graph bakes
+        in the buffers' addresses, and an odd number of eager steps swaps them). Default None: the
+        model's arrays never change places."""
+        return None
+
     def after_step(self, timers, output, final_step: int) -> None:
         """Model output after each step, and once before the first step of a fresh run (snapshots).
         Collective. Default: nothing."""

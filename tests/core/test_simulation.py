@@ -265,6 +265,43 @@ def _crosses(windows, every):
     return [(s, n) for s, n in windows if any((s + k) % every == 0 for k in range(1, n))]
 
 
+class ParityCounter(CapturableCounter):
+    """A capturable toy whose arrays swap every step, as two ping-pong buffers do."""
+
+    def graph_key(self):
+        return self.step_index % 2
+
+
+class KeyedFakeGraph(FakeGraph):
+    """A fake graph that knows the model's graph_key at capture and fails a replay under another one
+    (a real graph would compute from the buffers it captured, silently wrong)."""
+
+    def __init__(self, arch, model, n_steps):
+        super().__init__(arch, model, n_steps)
+        self.key = model.graph_key()
+
+    def launch(self, timers):
+        assert self.model.graph_key() == self.key, (self.model.step_index, self.n_steps, self.key)
+        super().launch(timers)
+
+
+def test_a_graph_replays_only_under_the_graph_key_it_was_captured_with(tmp_path, monkeypatch):
+    """NaN check every 25: the eager steps at odd steps swap a ping-pong model's buffers; the driver keeps
+    one graph per (length, graph_key) and never replays a graph on the swapped buffers."""
+    monkeypatch.setattr(driver, "use_graphs", lambda graph, arch, model: True)
+    monkeypatch.setattr(FakeGraph, "captured", [])
+    comm = hpcgpu.Communicator()
+    arch = hpcgpu.arch.CPU()
+    model = ParityCounter(comm, arch)
+    simulation = Simulation(comm, arch, model, _options(tmp_path), app="toy", output=tmp_path, final_step=203,
+                            nan_check=Periodic(25))
+    simulation.graph_class = KeyedFakeGraph
+    summary = simulation.run()
+    assert model.step_index == 203
+    assert {key for _, key in simulation.graphs} == {0, 1}         # both parities were replayed
+    assert summary["checksum"] == hash_arrays([("values", np.arange(13, dtype=np.float64) + 203)])
+
+
 def test_graph_windows_are_the_longest_that_end_by_the_next_event(tmp_path, monkeypatch):
     """NaN check every 25, checkpoints every 100, final step 1000: steps 1 and 2 eager, then the longest
     power-of-two windows (2 ... 32) that end no later than the next event, an eager step where an odd
@@ -373,6 +410,9 @@ class PingPong(Model):
     def capturable(self, n_steps):
         return True
 
+    def graph_key(self):
+        return id(self.buffers[0])   # an odd number of eager steps swaps the buffers a graph baked in
+
     def describe(self):
         return "ping-pong"
 
@@ -403,6 +443,6 @@ def test_graph_windows_on_a_gpu_give_the_eager_checksum(cupy, tmp_path):
                                 output=tmp_path / str(graph), final_step=203, nan_check=Periodic(25),
                                 operations=[recorder], graph=graph)
         summary = simulation.run()
-        results[graph] = summary["checksum"], recorder.calls, sorted(simulation.graphs)
+        results[graph] = summary["checksum"], recorder.calls, sorted({n for n, _ in simulation.graphs})
     assert results[True][:2] == results[False][:2]
     assert results[False][2] == [] and results[True][2] == [2, 4, 8, 16]   # 23 = 16 + 4 + 2 + 1 eager ...

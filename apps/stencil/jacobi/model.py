@@ -88,6 +88,9 @@ class JacobiModel(StencilModel):
                 total = self.comm.allreduce(self.residual, "sum")
             self.norm = math.sqrt(float(self.arch.to_host(total)[0]))
 
+    def graph_key(self) -> int:
+        return self.stencil.parity   # the two buffers swap every step
+
     def capturable(self, n_steps: int = 1) -> bool:
         """True if the next ``n_steps`` steps do no host synchronisation (they can be a CUDA graph)."""
         return not any(
