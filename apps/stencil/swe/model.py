@@ -78,7 +78,17 @@ class SweModel(ShallowWaterModel):
 
     # ------------------------------------------------------------------ stepping
     def capturable(self, n_steps: int = 1) -> bool:
-        return not (self.snapshot_every and any((self.step_index + k) % self.snapshot_every == 0 for k in range(1, n_steps + 1)))
+        """No snapshot step strictly inside the window: :meth:`after_step` runs after the whole replay and
+        writes the state of its last step, so a window may end on a snapshot step."""
+        every = self.snapshot_every
+        return not (every and any((self.step_index + k) % every == 0 for k in range(1, n_steps)))
+
+    def set_final_step(self, final_step: int) -> None:
+        """Also fixes the default snapshot interval (``--steps`` / 50) before any window is chosen, on a
+        restart too (where no :meth:`after_step` comes before the first step)."""
+        super().set_final_step(final_step)
+        if self.snapshot_every is None:
+            self.snapshot_every = max(1, final_step // 50)
 
     # ------------------------------------------------------------------ diagnostics and output
     def local_diagnostics(self) -> dict:
