@@ -28,12 +28,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._backend import array_module, is_bfloat16, is_cupy
-from .buffer_kernels import add_bias_bfloat16, positive_bfloat16, scale_bfloat16
+from .buffer_kernels import add_bias_bfloat16, positive_bfloat16
 from .gelu_kernels import gelu_backward, gelu_forward
 from .gemm import gemm
 from .layernorm_kernels import layer_norm_backward, layer_norm_forward
 from .params import ParamSpec
-from .random_mask import keep_mask
 
 _GEMM_DTYPES = (np.float16, np.float32, np.float64)
 
@@ -191,7 +190,7 @@ class Linear(Layer):
             bias = self.params["bias"]
             if self.defer_bias and y.dtype == bias.dtype:
                 self.deferred_bias = bias
-            elif _is_gpu_bfloat16(y):
+            elif is_gpu_bfloat16(y):
                 add_bias_bfloat16(y, bias)
             else:
                 y += bias
@@ -242,7 +241,7 @@ class Linear(Layer):
         return f"Linear({self.in_features}, {self.out_features})"
 
 
-def _is_gpu_bfloat16(array):
+def is_gpu_bfloat16(array):
     """True for a CuPy array of bfloat16 bit patterns (uint16): integer arithmetic would be wrong."""
     return is_cupy(array) and array.dtype.name == "uint16"
 
@@ -252,7 +251,7 @@ class ReLU(Layer):
 
     def forward(self, x, ctx):
         xp = array_module(x)
-        self._saved_positive = positive_bfloat16(x) if _is_gpu_bfloat16(x) else x > 0
+        self._saved_positive = positive_bfloat16(x) if is_gpu_bfloat16(x) else x > 0
         return xp.where(self._saved_positive, x, xp.zeros((), dtype=x.dtype))
 
     def backward(self, grad_out):
@@ -344,74 +343,6 @@ def _input_bias(bias_source):
 
 #: Layers whose kernels add a preceding Linear's bias on the fly.
 BIAS_FOLDING_LAYERS = (LayerNorm, GELU)
-
-
-class Dropout(Layer):
-    """Inverted dropout with a decomposition-independent mask.
-
-    In training, each element is kept with probability ``1 - p`` and scaled by
-    ``1 / (1 - p)``; in evaluation the layer is the identity. The keep-mask is
-    a counter-based hash of ``(ctx.seed, ctx.step, stream, global sample index,
-    element index)`` (see :mod:`apps.train.random_mask`), so it does not depend
-    on which rank or micro-batch processes a sample, and recomputation
-    reproduces it exactly.
-
-    Parameters
-    ----------
-    p : float
-        Drop probability, ``0 <= p < 1``.
-    stream : int, optional
-        Distinguishes dropout layers; the model numbers them in forward order
-        when left as None.
-    """
-
-    def __init__(self, p, stream=None):
-        super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"Dropout: expected 0 <= p < 1, found p={p}")
-        self.p = float(p)
-        self.stream = stream
-        self._identity = True
-
-    def forward(self, x, ctx):
-        self._saved_mask = None
-        self._identity = not ctx.training or self.p == 0.0
-        if self._identity:
-            return x
-        if ctx.sample_index is None:
-            raise ValueError(
-                f"{self.name}: training with dropout needs ctx.sample_index (the global "
-                "index of every sample in the batch); set it in the ForwardContext"
-            )
-        xp = array_module(x)
-        sample_index = xp.asarray(ctx.sample_index)
-        if sample_index.shape != (x.shape[0],):
-            raise ValueError(
-                f"{self.name}: ctx.sample_index has shape {tuple(sample_index.shape)}, "
-                f"expected ({x.shape[0]},) to match the batch"
-            )
-        n_elements = int(np.prod(x.shape[1:], dtype=np.int64))
-        mask = keep_mask(sample_index, n_elements, ctx.seed, ctx.step, self.stream or 0,
-                         1.0 - self.p).reshape(x.shape)
-        self._saved_mask = mask
-        return xp.where(mask, self._scaled(x), xp.zeros((), dtype=x.dtype))
-
-    def _scaled(self, values):
-        """``values / (1 - p)``, the factor rounded to the values' dtype."""
-        if _is_gpu_bfloat16(values):
-            return scale_bfloat16(values, 1.0 / (1.0 - self.p))
-        return values * array_module(values).asarray(1.0 / (1.0 - self.p), dtype=values.dtype)
-
-    def backward(self, grad_out):
-        if self._identity:
-            return grad_out
-        if self._saved_mask is None:
-            raise RuntimeError(f"{self.name}: backward called without a preceding forward")
-        xp = array_module(grad_out)
-        return xp.where(self._saved_mask, self._scaled(grad_out), xp.zeros((), dtype=grad_out.dtype))
-
-    def __repr__(self):
-        return f"Dropout(p={self.p})"
 
 
 class Flatten(Layer):

@@ -15,7 +15,8 @@ With the app's default recipes they reach about 71 % and 95 % (means over seeds,
 """
 
 from .conv import Conv1d
-from .layers import GELU, Dropout, Flatten, LayerNorm, Linear, ReLU, Reshape
+from .dropout import Dropout
+from .layers import GELU, Flatten, LayerNorm, Linear, ReLU, Reshape
 from .sequential import Residual, Sequential
 
 MNIST1D_LENGTH = 40

@@ -32,7 +32,8 @@ is a layer with parameters followed by the parameter-free layers after it
 """
 
 from .buffer_kernels import add
-from .layers import BIAS_FOLDING_LAYERS, GELU, Dropout, Layer, LayerNorm, Linear
+from .dropout import Dropout
+from .layers import BIAS_FOLDING_LAYERS, GELU, Layer, LayerNorm, Linear
 from .params import ParamLayout
 
 

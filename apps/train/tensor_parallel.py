@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 
 from hpcgpu.errors import ConfigurationError
 
-from .layers import GELU, Dropout, LayerNorm, Linear
+from .dropout import Dropout
+from .layers import GELU, LayerNorm, Linear
 from .params import ParamSpec
 from .sequential import Residual
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from apps.train.conv import AvgPool1d, Conv1d, MaxPool1d
-from apps.train.layers import (GELU, Dropout, Flatten, ForwardContext, LayerNorm, Linear, ReLU,
-                               Reshape)
+from apps.train.dropout import Dropout
+from apps.train.layers import GELU, Flatten, ForwardContext, LayerNorm, Linear, ReLU, Reshape
 from apps.train.loss import softmax_cross_entropy
 from apps.train.params import init_flat_parameters
 from apps.train.sequential import Residual, Sequential

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from apps.train.conv import Conv1d, MaxPool1d
-from apps.train.layers import GELU, Dropout, Flatten, ForwardContext, LayerNorm, Linear, ReLU, Reshape
+from apps.train.dropout import Dropout
+from apps.train.layers import GELU, Flatten, ForwardContext, LayerNorm, Linear, ReLU, Reshape
 from apps.train.loss import softmax_cross_entropy
 from apps.train.models import large_mlp, mnist1d_cnn, mnist1d_mlp
 from apps.train.params import init_flat_parameters
