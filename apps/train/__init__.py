@@ -3,7 +3,7 @@
 Modules, one concept each:
 
 * :mod:`~apps.train.params` -- flat parameter/gradient buffers, layout, seeded init
-* :mod:`~apps.train.layers`, :mod:`~apps.train.conv` -- layers with explicit backward
+* :mod:`~apps.train.layers`, :mod:`~apps.train.dropout`, :mod:`~apps.train.conv` -- layers with explicit backward
 * :mod:`~apps.train.sequential` -- models, gradient-ready hook, recomputation
 * :mod:`~apps.train.loss` -- softmax cross-entropy over the global batch
 * :mod:`~apps.train.optim` -- SGD, AdamW (shardable), schedule, clipping
