@@ -258,11 +258,6 @@ def check_split_model(options, n_ranks: int) -> None:
             f"--tensor-parallel {tensor} x --pipeline-parallel {pipeline} = {tensor * pipeline} ranks per "
             f"model replica does not divide the job's {n_ranks} ranks; the data-parallel size D = ranks / "
             f"(T x P) must be a whole number: run on a multiple of {tensor * pipeline} ranks")
-    if options.zero:
-        raise ConfigurationError(
-            f"--zero 1 is not supported with {what} yet: the optimiser state is already split over the "
-            "T x P ranks of a model replica, and sharding it over the data replicas too is not written. "
-            "Use --zero 0")
     if options.accum_steps != 1:
         raise ConfigurationError(
             f"--accum-steps {options.accum_steps} is not supported with {what}: use --micro-batches "
@@ -352,7 +347,8 @@ def build_split_model(options, comm, arch, data) -> ParallelTrainingModel:
     spec = mlp_spec(options, data.source.sample_shape, data.n_classes)
     grid = make_grid(comm, tensor_size=options.tensor_parallel, pipeline_size=options.pipeline_parallel)
     runner = ParallelTrainer(grid, spec, train_config(options), arch, micro_batches=options.micro_batches,
-                             schedule=options.pipeline_schedule, bucket_mb=options.bucket_mb)
+                             schedule=options.pipeline_schedule, bucket_mb=options.bucket_mb,
+                             zero_stage=options.zero)
     return ParallelTrainingModel(comm, arch, options, data, grid, runner)
 
 

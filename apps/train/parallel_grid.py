@@ -187,12 +187,14 @@ def make_grid(comm, data_size=None, tensor_size=1, pipeline_size=1):
     return grid
 
 
-def prepare_device_communication(grid, arch):
+def prepare_device_communication(grid, arch, zero_stage=0):
     """Collective over the world on GPUs (nothing on CPUs): the job's transport on every
-    sub-communicator and, with NCCL, the NCCL communicators of the tensor and pipeline groups.
+    sub-communicator and, with NCCL, the NCCL communicators of the tensor and pipeline groups
+    (and, with ``zero_stage=1``, of the data group, whose reduce-scatter and all-gather
+    :class:`~apps.train.zero.ZeroRedundancy` runs with NCCL).
 
     Every rank makes the same calls in the same order (tensor, pipeline, data, model; then NCCL for
-    tensor, then pipeline), so each collective meets the same calls on the other members of its
+    tensor, then pipeline, then data under ZeRO-1), so each collective meets the same calls on the other members of its
     group: NCCL communicators must be created collectively over their group, and a rank that
     created its pipeline communicator first could wait for a tensor peer that waits for it.
     Groups of one rank get no NCCL communicator (they never communicate).
@@ -201,6 +203,8 @@ def prepare_device_communication(grid, arch):
     ----------
     grid : ParallelGrid
     arch : hpcgpu.arch.CPU or GPU
+    zero_stage : int
+        1 when the data group reduce-scatters (ZeRO-1) instead of its bucket allreduce.
 
     Returns
     -------
@@ -217,7 +221,8 @@ def prepare_device_communication(grid, arch):
     for group in (grid.tensor, grid.pipeline, grid.data, grid.model):
         select_transport(group, arch, requested=name)
     if name == "nccl":
-        for group in (grid.tensor, grid.pipeline):
+        # the data group last: without ZeRO its DataParallel creates the communicator on first use
+        for group in (grid.tensor, grid.pipeline) + ((grid.data,) if zero_stage else ()):
             if group.size > 1:
                 nccl_communicator(group)
     return device_collectives(grid.tensor) if grid.tensor_size > 1 else None

@@ -14,8 +14,9 @@ the data-parallel models:
   measured per stage), the data-parallel overlap, the tensor-parallel allreduce count, the
   communication volume per step (tensor and pipeline bytes, measured and by formula:
   :mod:`apps.train.comm_volume`), and the norm of the full (unsplit) parameters;
-* header: the grid and which of its axes lie inside a node, the stages, how the groups communicate
-  and the computed volume per step; the results repeat it beside the measured volume;
+* header: the grid and which of its axes lie inside a node, the stages, the optimiser-state bytes of
+  the rank (1/D of them under ``--zero 1``), how the groups communicate and the computed volume per
+  step; the results repeat it beside the measured volume;
 * the checksum is the SHA-256 of :meth:`ParallelTrainer.full_parameters` in the unsplit model's
   layout and master dtype, so a 1 x 2 x 1 run and a 1 x 1 x 1 run of the same ``MLPSpec`` compare
   (they agree to rounding, ~1e-16 relative per step, not bitwise: see docs/parallelism.md).
@@ -95,11 +96,15 @@ class ParallelTrainingModel(TrainingRun):
         shares = sorted(set(self._replica_shares()))
         n_nodes = len(set(grid.node_of_rank)) if grid.node_of_rank else comm.n_nodes
         nodes = f"{n_nodes} node(s)" if n_nodes == comm.n_nodes else f"{n_nodes} simulated node(s)"
+        if self.runner.sync.zero_stage:
+            sync_text = ("ZeRO-1 over the data replicas (gradient reduce-scatter, optimiser state split, "
+                         "parameter all-gather)")
+        else:
+            sync_text = (f"{len(self.runner.sync.data_parallel.buckets)} allreduce bucket(s) of <= "
+                         f"{options.bucket_mb:g} MB over the data replicas")
         lines.append(f"ranks: {comm.size} on {nodes}; global batch {options.batch_size} = "
                      f"{grid.data_size} data replica(s) x {'/'.join(str(s) for s in shares)} in "
-                     f"{options.micro_batches} micro-batch(es); "
-                     f"{len(self.runner.sync.data_parallel.buckets)} allreduce bucket(s) of <= "
-                     f"{options.bucket_mb:g} MB over the data replicas")
+                     f"{options.micro_batches} micro-batch(es); {sync_text}")
         lines.extend(self.runner.describe())   # the grid (which axis lies inside a node), the stages
         if grid.tensor_size > 1 or grid.pipeline_size > 1:
             computed = self._computed_volume()
@@ -122,7 +127,16 @@ class ParallelTrainingModel(TrainingRun):
                 "schedule": options.pipeline_schedule, "tensor_inside_node": bool(grid.tensor_inside_node),
                 "stage_layers": [list(r) for r in self.runner.parallel_model.stage_ranges],
                 "global_batch_size": options.batch_size, "replica_batch_sizes": self._replica_shares(),
-                "buckets": len(self.runner.sync.data_parallel.buckets), "bucket_mb": options.bucket_mb}
+                "buckets": len(self.runner.sync.data_parallel.buckets), "bucket_mb": options.bucket_mb,
+                "zero_stage": int(self.runner.sync.zero_stage),
+                "optimizer_state_bytes_per_rank": getattr(self, "_optimizer_bytes", None)}
+
+    def _optimizer_state_bytes(self) -> dict:
+        """Collective: the optimiser-state bytes per rank (max and min over the world's ranks)."""
+        local = self.runner.optimizer_state_bytes()
+        self._optimizer_bytes = {"max": int(self.comm.allreduce(local, op="max")),
+                                 "min": int(self.comm.allreduce(local, op="min"))}
+        return self._optimizer_bytes
 
     # ------------------------------------------------------------------ checkpoint / restart
     def _checkpoints(self) -> ShardedCheckpoint:
@@ -168,6 +182,7 @@ class ParallelTrainingModel(TrainingRun):
             "replicas_identical": bool(identical),
             "n_params": self.n_params,
             "n_params_per_rank": int(runner.parallel_model.model.n_params),
+            "optimizer_state_bytes": self._optimizer_state_bytes(),                # collective (world)
             "parameter_norm": float(np.sqrt(np.dot(self._full, self._full))),
         }
 
@@ -192,6 +207,10 @@ class ParallelTrainingModel(TrainingRun):
     def more_result_lines(self, diagnostics: dict) -> list[str]:
         """The pipeline bubble, the tensor-parallel allreduce count and the communication volume."""
         lines = []
+        state_bytes = diagnostics["optimizer_state_bytes"]
+        zero_note = "; ZeRO-1 over the data replicas" if self.runner.sync.zero_stage else ""
+        lines.append(f"{'optimiser state':<24} {format_bytes(state_bytes['max'])} per rank (max; min "
+                     f"{format_bytes(state_bytes['min'])}){zero_note}")
         volume = diagnostics["communication"]
         if self.grid.tensor_size > 1 or self.grid.pipeline_size > 1:
             lines.append(volume_line(volume["tensor"]["measured"], volume["tensor"]["computed"],

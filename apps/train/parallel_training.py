@@ -32,7 +32,16 @@ rounding. :meth:`ParallelTrainer.evaluate` runs a split model forward only. Chec
 On GPUs the tensor groups allreduce with NCCL and the stages exchange activations with NCCL
 point-to-point (:mod:`apps.train.pipeline_transport`); the communicators are created up front by
 :func:`apps.train.parallel_grid.prepare_device_communication`. The bytes of both are counted per
-step (:mod:`apps.train.comm_volume`). Not supported yet: ZeRO-1.
+step (:mod:`apps.train.comm_volume`).
+
+ZeRO-1 (``zero_stage=1``): the D data replicas of each (tensor, pipeline) position split that rank's
+flat buffer into D contiguous parts (:func:`apps.train.zero.shard_ranges`); step 2 becomes a
+reduce-scatter over the data group, step 3 steps only the owned part with its part of the optimiser
+state (the gradient norm summed over the data group, then the model group) and ends with an
+all-gather of the master parameters over the data group -- :class:`apps.train.zero.ZeroRedundancy`
+on ``grid.data``, the same machinery as data-parallel ZeRO-1 (MPI on CPUs, NCCL on GPUs). The
+optimiser state per rank drops to 1/D; the fp32 masters stay whole on every rank (as in
+:mod:`apps.train.zero`).
 """
 
 import contextlib
@@ -54,6 +63,7 @@ from .pipeline_transport import make_point_to_point
 from .sequential import Sequential
 from .tensor_parallel import mlp_layers
 from .trainer import StepMetrics, Trainer, apply_gradients, init_train_state
+from .zero import ZeroRedundancy
 
 
 def _phase(timers, name):
@@ -151,14 +161,23 @@ class ParallelSync:
     """The trainer's ``sync`` for a D x T x P grid (see :mod:`apps.train.trainer`).
 
     Gradients: summed over the data group by a :class:`DataParallel` on ``grid.data`` (buckets
-    overlapped with the last backward). Norm: tensor rank 0 contributes its whole buffer, the other
-    tensor ranks only their shards, summed over the model group (T x P ranks), so replicated
-    tensors count once. Loss: summed over the data group, then over the pipeline group.
+    overlapped with the last backward) or, with ``zero_stage=1``, reduce-scattered over it by a
+    :class:`~apps.train.zero.ZeroRedundancy` (ZeRO-1: each of the D replicas of this tensor/pipeline
+    position owns ``1/D`` of this rank's flat buffer, steps only that part with its part of the
+    optimiser state, and the updated master parameters are all-gathered over the data group).
+    Norm: tensor rank 0 contributes its whole buffer (its owned part under ZeRO-1), the other tensor
+    ranks only their shards (the owned part of them), summed over the data group (ZeRO-1) and then
+    over the model group (T x P ranks), so replicated tensors count once. Loss: summed over the data
+    group, then over the pipeline group.
     """
 
-    def __init__(self, grid, arch, model, bucket_mb=DEFAULT_BUCKET_MB):
+    def __init__(self, grid, arch, model, bucket_mb=DEFAULT_BUCKET_MB, zero_stage=0):
+        if zero_stage not in (0, 1):
+            raise ConfigurationError(f"parallel training: zero stage must be 0 or 1, found {zero_stage!r}")
         self.grid = grid
-        self.data_parallel = DataParallel(grid.data, arch, bucket_mb)
+        self.zero_stage = int(zero_stage)
+        self.data_parallel = (ZeroRedundancy(grid.data, arch) if zero_stage == 1
+                              else DataParallel(grid.data, arch, bucket_mb))
         self.sharded_ranges = [(entry.offset, entry.stop) for leaf in model.leaves()
                                for entry in model.layout.entries
                                if entry.layer == leaf.name
@@ -183,12 +202,18 @@ class ParallelSync:
         self.data_parallel.finish_gradients(grads)
 
     def owned_range(self, n_params):
-        return 0, int(n_params)
+        """``(lo, hi)`` of this rank's flat buffer that its optimiser steps: all of it, or under
+        ZeRO-1 this data replica's part (:func:`apps.train.zero.shard_ranges` over ``grid.data``)."""
+        return self.data_parallel.owned_range(n_params)
 
     def sum_over_shards(self, value):
-        if self.grid.model.size == 1:
+        if self.grid.model.size == 1 and not self.zero_stage:
             return value
         contribution = value if self.grid.tensor_rank == 0 else self._sharded_sum_of_squares()
+        if self.zero_stage:   # each data replica holds the reduced gradients of its part only
+            contribution = self.data_parallel.sum_over_shards(contribution)
+        if self.grid.model.size == 1:
+            return contribution
         return self.grid.model.allreduce(float(contribution), op="sum")
 
     def _sharded_sum_of_squares(self):
@@ -197,10 +222,15 @@ class ParallelSync:
             buffer, factor = precision.master_grads, 1.0
         else:   # the trainer's fused fp16 path reads the scaled fp16 gradients the same way
             buffer, factor = precision.compute_grads, 1.0 / precision.loss_scale ** 2
-        return factor * sum(grad_sum_of_squares(buffer[lo:hi]) for lo, hi in self.sharded_ranges)
+        owned_lo, owned_hi = self.owned_range(buffer.shape[0])
+        pieces = [(max(lo, owned_lo), min(hi, owned_hi)) for lo, hi in self.sharded_ranges]
+        return factor * sum(grad_sum_of_squares(buffer[lo:hi]) for lo, hi in pieces if hi > lo)
 
     def gather_params(self, params):
-        """Every rank steps its own shard in full: nothing to gather; returns None."""
+        """ZeRO-1: all-gather the owned parts of ``params`` over the data group; otherwise every
+        rank stepped its whole buffer and there is nothing to gather. Returns None."""
+        if self.zero_stage:
+            self.data_parallel.gather_params(params)
 
     def allreduce_sum(self, value):
         value = self.data_parallel.allreduce_sum(value)
@@ -232,6 +262,10 @@ class ParallelTrainer:
         The tensor group's ``allreduce(array, op)`` object and the pipeline sender. Defaults: from
         :func:`~apps.train.parallel_grid.prepare_device_communication` (MPI on CPUs, NCCL on GPUs)
         and :func:`~apps.train.pipeline_transport.make_point_to_point`.
+    zero_stage : {0, 1}
+        1: ZeRO-1 over the data axis -- the D replicas of each (tensor, pipeline) position split
+        that rank's optimiser state (see :class:`ParallelSync`); the result equals ``zero_stage=0``
+        up to the summation order of the gradient norm (and of the gradients for D > 2).
 
     Attributes
     ----------
@@ -243,7 +277,7 @@ class ParallelTrainer:
 
     def __init__(self, grid, model_spec, config, arch=None, micro_batches=1, schedule="1f1b",
                  boundaries=None, bucket_mb=DEFAULT_BUCKET_MB, tensor_collectives=None,
-                 point_to_point=None):
+                 point_to_point=None, zero_stage=0):
         import hpcgpu
 
         if config.accum_steps != 1:
@@ -257,13 +291,13 @@ class ParallelTrainer:
         self.grid, self.config = grid, config
         self.arch = arch if arch is not None else hpcgpu.arch.CPU()
         # collective, in the same order on every rank: transports and NCCL communicators first
-        device_collectives = prepare_device_communication(grid, self.arch)
+        device_collectives = prepare_device_communication(grid, self.arch, zero_stage)
         if tensor_collectives is None:
             tensor_collectives = device_collectives
         self.parallel_model = build_parallel_model(grid, model_spec, boundaries, tensor_collectives)
         model = self.parallel_model.model
         self.trainer = Trainer(model, config)
-        self.sync = ParallelSync(grid, self.arch, model, bucket_mb)
+        self.sync = ParallelSync(grid, self.arch, model, bucket_mb, zero_stage)
         self.state = init_train_state(self.trainer, self.arch.xp, self.sync)
         precision = self.state.precision
         master_dtype = precision.master_params.dtype
@@ -386,6 +420,17 @@ class ParallelTrainer:
             full = np.zeros(self.parallel_model.reference().layout.n_params)
         return self.grid.world.allreduce(full, op="sum")
 
+    def optimizer_state_bytes(self):
+        """Bytes of this rank's optimiser state arrays (AdamW's moments, SGD's momentum; counters
+        excluded): ``2 * itemsize * n`` for AdamW on ``n`` parameters, ``n / D`` of them under ZeRO-1.
+
+        Returns
+        -------
+        int
+        """
+        return int(sum(value.nbytes for value in self.state.optimizer_state.values()
+                       if getattr(value, "ndim", 0) > 0))
+
     def describe(self):
         """Lines for a run header: the grid, this stage's layers and its parameter count."""
         start, stop = self.parallel_model.stage_ranges[self.grid.pipeline_rank]
@@ -393,7 +438,18 @@ class ParallelTrainer:
                 f"pipeline: {self.engine.n_stages} stage(s) at layers "
                 f"{[r[0] for r in self.parallel_model.stage_ranges]}, {self.engine.n_micro} "
                 f"micro-batches, {self.engine.schedule}; this stage: layers {start}-{stop - 1}, "
-                f"{self.parallel_model.model.n_params} parameters"]
+                f"{self.parallel_model.model.n_params} parameters",
+                self.optimizer_line()]
+
+    def optimizer_line(self):
+        """``optimiser state: N bytes on this rank (ZeRO-1: 1/D of ...)`` for a run header."""
+        n_bytes = self.optimizer_state_bytes()
+        if not self.sync.zero_stage:
+            return (f"optimiser state: {n_bytes} bytes on this rank (the same on each of "
+                    f"{self.grid.data_size} data replica(s))")
+        lo, hi = self.sync.owned_range(self.parallel_model.model.n_params)
+        return (f"optimiser state: {n_bytes} bytes on this rank (ZeRO-1: parameters [{lo}, {hi}) of "
+                f"{self.parallel_model.model.n_params}, 1/{self.grid.data_size} over the data replicas)")
 
 
 def train_steps(runner, loader, n_steps):

@@ -90,6 +90,25 @@ def shard_pieces(parallel_model, data_rank: int, tensor_rank: int) -> list[Shard
     return pieces
 
 
+def owned_pieces(parallel_model, tensor_rank: int, lo: int, hi: int) -> list[ShardPiece]:
+    """The pieces of a ZeRO-1 optimiser state: this rank's buffer part ``[lo, hi)`` (no collective).
+
+    Under ZeRO-1 the D data replicas of a (tensor, pipeline) position each hold the optimiser state
+    of one contiguous part ``[lo, hi)`` of their common flat buffer (:func:`apps.train.zero.shard_ranges`).
+    The pieces of :func:`shard_pieces` clipped to that part, with local offsets counted from ``lo``
+    (positions in the owned state arrays); a piece is written by the replica that owns it (and, for
+    a tensor every tensor rank holds whole, by tensor rank 0), so over the grid every element of the
+    unsplit model is again written exactly once.
+    """
+    pieces = []
+    for piece in shard_pieces(parallel_model, 0, tensor_rank):   # as data replica 0 would write it
+        start, stop = max(piece.local_offset, lo), min(piece.local_stop, hi)
+        if stop > start:
+            indices = piece.logical_indices[start - piece.local_offset:stop - piece.local_offset]
+            pieces.append(ShardPiece(start - lo, stop - lo, indices, piece.writes))
+    return pieces
+
+
 def tensor_map(parallel_model) -> dict:
     """The unsplit model's tensors as columns: ``name``, ``offset``, ``shape``, ``split``, ``stage`` (lists).
 

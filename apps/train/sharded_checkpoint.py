@@ -11,6 +11,11 @@ writes it, so every bit survives) and cuts the new grid's shards out of them aft
 checkpoint written at 1 x 2 x 1 restarts at 1 x 1 x 2, 2 x 1 x 1 or 1 x 1 x 1, and on its own grid
 the continuation is bitwise the uninterrupted run. Memory per rank: its shard and one block.
 
+Under ZeRO-1 (:class:`~apps.train.parallel_training.ParallelSync` with ``zero_stage=1``) each data
+replica holds the optimiser state of one part of its buffer only: a second exchange
+(:func:`~apps.train.shard_map.owned_pieces`) moves those parts to the same blocks, so the file is the
+same unsplit state whether the run used ZeRO or not, and restarts with or without ``--zero 1``.
+
 Contents (``checkpoint.h5``; the small state is replicated, as in :mod:`apps.train.checkpointing`):
 
 =========================  ===================================================================
@@ -49,7 +54,7 @@ from hpcgpu.errors import ConfigurationError
 
 from ._backend import to_numpy
 from .checkpointing import check_schedule
-from .shard_map import BlockExchange, gather_logical, shard_pieces, tensor_map
+from .shard_map import BlockExchange, gather_logical, owned_pieces, shard_pieces, tensor_map
 
 #: The :class:`MLPSpec` fields a checkpoint must share with the run that restarts from it.
 SPEC_FIELDS = ("n_inputs", "n_classes", "width", "hidden", "depth", "dropout")
@@ -89,6 +94,12 @@ class ShardedCheckpoint:
         self.exchange = BlockExchange(grid.world, self.pieces, bounds + [self.n_params])
         if self.exchange.block_lo != self.decomposition.local_start[0]:
             raise ConfigurationError("sharded checkpoint: the block exchange and the decomposition disagree")
+        # ZeRO-1: each data replica holds the optimiser state of its part of the buffer only
+        self.optimizer_exchange = self.exchange
+        if getattr(runner.sync, "zero_stage", 0):
+            lo, hi = runner.sync.owned_range(parallel_model.model.n_params)
+            self.optimizer_exchange = BlockExchange(grid.world, owned_pieces(parallel_model, grid.tensor_rank,
+                                                                             lo, hi), bounds + [self.n_params])
 
     # ------------------------------------------------------------------ save
     def state(self, history=None) -> dict:
@@ -108,7 +119,7 @@ class ShardedCheckpoint:
             if np.ndim(value) == 0:   # AdamW's step counter, the same on every rank
                 counters[key] = to_numpy(value)[()]
             else:
-                fields[f"optimizer.{key}"] = self._field_of(value, f"optimizer.{key}")
+                fields[f"optimizer.{key}"] = self._field_of(value, f"optimizer.{key}", self.optimizer_exchange)
         replicated = {
             "optimizer": {"arrays": sorted(key for key in state.optimizer_state if f"optimizer.{key}" in fields),
                           "counters": counters},
@@ -141,11 +152,11 @@ class ShardedCheckpoint:
         return manager.save(self.runner.state.step, fields=state["fields"], replicated=state["replicated"],
                             metadata=state["metadata"])
 
-    def _field_of(self, local, name):
+    def _field_of(self, local, name, exchange=None):
         """A new host Field holding this rank's block of the unsplit ``local`` buffers (collective)."""
         field = hpcgpu.Field(self.decomposition, hpcgpu.arch.CPU(), halo_width=0,
                              dtype=to_numpy(local[:0]).dtype, name=name)
-        self.exchange.to_blocks(local, field.interior)
+        (exchange or self.exchange).to_blocks(local, field.interior)
         return field
 
     # ------------------------------------------------------------------ restart
@@ -191,15 +202,15 @@ class ShardedCheckpoint:
                 state.optimizer_state[key] = np.asarray(saved["optimizer"]["counters"][key],
                                                         dtype=np.asarray(value).dtype)
             else:
-                self._fill(fields[f"optimizer.{key}"], value)
+                self._fill(fields[f"optimizer.{key}"], value, self.optimizer_exchange)
         precision.load_state_dict({key.replace(".", "/"): value
                                    for key, value in saved.get("precision", {}).items()})
         state.step = int(restored.step)
         return {key: list(values) for key, values in saved.get("history", {}).items()}
 
-    def _fill(self, field, local):
+    def _fill(self, field, local, exchange=None):
         block = field.interior.astype(to_numpy(local[:0]).dtype, copy=False)
-        self.exchange.from_blocks(block, local)
+        (exchange or self.exchange).from_blocks(block, local)
 
     def check_compatible(self, path, saved: dict) -> None:
         """Raise ConfigurationError unless the checkpoint's replicated state ``saved`` fits the runner.
@@ -254,6 +265,9 @@ def logical_state(runner) -> dict:
     pieces = shard_pieces(parallel_model, grid.data_rank, grid.tensor_rank)
     n_params = parallel_model.reference().layout.n_params
     arrays = {"params": gather_logical(grid.world, pieces, state.precision.master_params, n_params)}
+    if getattr(runner.sync, "zero_stage", 0):   # ZeRO-1: the owned part of the buffer
+        lo, hi = runner.sync.owned_range(parallel_model.model.n_params)
+        pieces = owned_pieces(parallel_model, grid.tensor_rank, lo, hi)
     for key, value in state.optimizer_state.items():
         arrays[f"optimizer/{key}"] = (to_numpy(value)[()] if np.ndim(value) == 0
                                       else gather_logical(grid.world, pieces, value, n_params))

@@ -6,6 +6,8 @@ rank (grid 1 x 1 x 1), and two ranks split as 1 x 2 x 1 (``--tensor-parallel 2``
 steps. The loss curves, the evaluations and the norm of the full parameters agree with the one-rank
 run to 1e-10 relative (the split products add their partial sums in another order: rounding only,
 measured <= 3.1e-16; see docs/parallelism.md). Refused combinations exit with code 2 and one message.
+At four ranks, ``--tensor-parallel 2 --zero 1`` (2 x 2 x 1, ZeRO-1 over the data axis) agrees with the
+same grid without ZeRO, halves the optimiser state per rank and restarts from its checkpoints.
 """
 
 import json
@@ -85,11 +87,10 @@ def test_split_runs_agree_with_one_rank(tmp_path, data_file, one_rank, flags, de
 
 @pytest.mark.parametrize("args, expected", [
     (["--tensor-parallel", "2", "--pipeline-parallel", "2"], "does not divide the job's 2 ranks"),
-    (["--tensor-parallel", "2", "--zero", "1"], "--zero 1 is not supported"),
     (["--pipeline-parallel", "2", "--accum-steps", "2"], "use --micro-batches 4"),
     (["--tensor-parallel", "2", "--model", "large-mlp"], "only --model residual-mlp is split"),
     (["--tensor-parallel", "2", "--hidden", "33"], "--hidden 33 cannot be split"),
-], ids=["ranks", "zero", "accum", "model", "hidden"])
+], ids=["ranks", "accum", "model", "hidden"])
 def test_refused_combinations_exit_2_with_one_message(tmp_path, data_file, args, expected):
     result = run_app(tmp_path, 2, *SPLIT, "--data", data_file, "--checkpoint-dir", str(tmp_path / "none"),
                      *args, expect=2, timeout=60)
@@ -119,3 +120,37 @@ def test_split_model_checkpoint_restarts_bitwise_and_reshards(tmp_path, data_fil
                       "--data", data_file, "--checkpoint-dir", str(checkpoints),
                       "--restart", str(checkpoints / "ckpt_000000010"), expect=2)
     assert refused.output.count("error:") == 1, refused.output
+
+
+def test_zero_over_the_data_axis_at_four_ranks(tmp_path, data_file, one_rank):
+    """--tensor-parallel 2 --zero 1 on 4 ranks (2 x 2 x 1): the losses, evaluations and parameter norm
+    agree with the same grid without ZeRO and with the one-rank run to 1e-10; the optimiser state per
+    rank is half the plain run's; the checkpoint of step 10 restarts bitwise with --zero 1 and within
+    1e-10 without it."""
+    checkpoints = tmp_path / "ckpt"
+    grid = ["--tensor-parallel", "2", "--data", data_file]
+    zero = run_app(tmp_path / "zero", 4, *SPLIT, *grid, "--zero", "1", "--checkpoint-dir", str(checkpoints),
+                   "--checkpoint-every", "10", timeout=240)
+    plain = run_app(tmp_path / "plain", 4, *SPLIT, *grid, timeout=240)
+    assert zero["decomposition"]["zero_stage"] == 1 and plain["decomposition"]["zero_stage"] == 0
+    assert {key: zero["decomposition"][key] for key in ("data", "tensor", "pipeline")} \
+        == {"data": 2, "tensor": 2, "pipeline": 1}
+    for reference in (plain, one_rank):
+        assert relative(zero["diagnostics"]["loss_curve"], reference["diagnostics"]["loss_curve"]) <= TOLERANCE
+        assert relative(zero["diagnostics"]["evaluations"]["test_loss"],
+                        reference["diagnostics"]["evaluations"]["test_loss"]) <= TOLERANCE
+        assert relative(zero["diagnostics"]["parameter_norm"], reference["diagnostics"]["parameter_norm"]) <= TOLERANCE
+    assert zero["diagnostics"]["replicas_identical"] is True
+    zero_bytes = zero["diagnostics"]["optimizer_state_bytes"]
+    plain_bytes = plain["diagnostics"]["optimizer_state_bytes"]
+    assert zero_bytes == zero["decomposition"]["optimizer_state_bytes_per_rank"]
+    assert plain_bytes["min"] == plain_bytes["max"]
+    assert abs(zero_bytes["max"] / plain_bytes["max"] - 0.5) < 0.01    # 1/D, D = 2
+    same = run_app(tmp_path / "same", 4, *SPLIT, *grid, "--zero", "1", "--checkpoint-dir", str(checkpoints),
+                   "--restart", str(checkpoints / "ckpt_000000010"), timeout=240)
+    assert same["first_step"] == 10
+    assert same["diagnostics"]["loss_curve"] == zero["diagnostics"]["loss_curve"]
+    assert same["checksum"] == zero["checksum"]
+    without = run_app(tmp_path / "without", 4, *SPLIT, *grid, "--checkpoint-dir", str(checkpoints),
+                      "--restart", str(checkpoints / "ckpt_000000010"), timeout=240)
+    assert relative(without["diagnostics"]["loss_curve"], zero["diagnostics"]["loss_curve"]) <= TOLERANCE
