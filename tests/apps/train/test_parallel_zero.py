@@ -21,12 +21,14 @@ import hpcgpu
 from distributed_cases import gpu_arch_or_skip, synthetic_data
 from test_parallel_checkpoint import (BATCH, LOADER_SEED, SAVE_AT, STEPS, assert_states_equal,
                                       remove_directory, shared_directory)
-from test_tensor_parallel import LOSS_TOLERANCE, SPEC, relative, train_config
+from test_tensor_parallel import LOSS_TOLERANCE, SPEC, NoCollectives, fake_grid, relative, train_config
 
 from apps.train.loader import ArraySource, ShardedLoader
 from apps.train.parallel_grid import make_grid
-from apps.train.parallel_training import ParallelTrainer, train_steps
+from apps.train.parallel_training import ParallelTrainer, build_parallel_model, train_steps
+from apps.train.shard_map import owned_pieces
 from apps.train.sharded_checkpoint import ShardedCheckpoint, logical_state
+from apps.train.zero import shard_ranges
 from hpcgpu.checkpoint import CheckpointManager
 from hpcgpu.errors import ConfigurationError
 
@@ -68,6 +70,29 @@ def check_memory(runs, data_size):
     lo, hi = runner.sync.owned_range(n_params)
     assert zero == plain * (hi - lo) // n_params
     assert abs(zero / plain - 1 / data_size) <= data_size / n_params
+
+
+# ------------------------------------------------------------------ one process
+
+@pytest.mark.parametrize("data_size,tensor_size,pipeline_size", [(2, 1, 1), (3, 2, 1), (2, 1, 2), (4, 2, 2)])
+def test_owned_pieces_cover_the_unsplit_model_once(data_size, tensor_size, pipeline_size):
+    """Over the D x T x P ranks the owned parts' written pieces tile the unsplit buffer exactly once,
+    and each rank's pieces fill its whole owned part."""
+    covered = None
+    for pipeline_rank in range(pipeline_size):
+        for tensor_rank in range(tensor_size):
+            parallel = build_parallel_model(fake_grid(tensor_size, tensor_rank, pipeline_size, pipeline_rank),
+                                            SPEC, tensor_collectives=NoCollectives())
+            if covered is None:
+                covered = np.zeros(parallel.reference().layout.n_params, dtype=int)
+            for lo, hi in shard_ranges(parallel.model.n_params, data_size):
+                filled = np.zeros(hi - lo, dtype=int)
+                for piece in owned_pieces(parallel, tensor_rank, lo, hi):
+                    filled[piece.local_offset:piece.local_stop] += 1
+                    if piece.writes:
+                        covered[piece.logical_indices] += 1
+                assert np.all(filled == 1)
+    assert np.all(covered == 1)
 
 
 # ------------------------------------------------------------------ 4 ranks
