@@ -35,9 +35,14 @@ def run_summaries(directory, ranks):
 def check_series(result, table, ranks):
     assert [row["n_ranks"] for row in result["rows"]] == ranks
     assert [int(row["n_ranks"]) for row in table] == ranks
+    base = result["rows"][0]
     for row in result["rows"]:
         assert row["status"] == "ok", row
-        assert 0 < row["efficiency"] <= 1.5
+        # The definition, exactly (a timing bound would fail on a busy machine: tiny runs on shared cores
+        # can come out superlinear, which the study reports as a warning, not an error).
+        assert row["efficiency"] > 0
+        assert row["efficiency"] == pytest.approx((row["throughput"] / row["n_ranks"])
+                                                  / (base["throughput"] / base["n_ranks"]))
         assert row["seconds_per_step"] == pytest.approx(row["wall_seconds"] / row["steps"])
         assert {"compute", "host overhead"} <= set(row["phases"])
     assert result["rows"][0]["efficiency"] == pytest.approx(1.0)
