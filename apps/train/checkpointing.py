@@ -68,6 +68,27 @@ def save_training_checkpoint(manager, trainer, state, sync, history, model_name)
     return manager.save(state.step, replicated=payload["replicated"], metadata=payload["metadata"])
 
 
+def check_data_position(path, data: dict, config) -> None:
+    """Raise ConfigurationError unless the checkpoint's ``data`` (its replicated ``"data"`` entry) was
+    written with this run's global batch size and seed, on which the data position depends."""
+    if int(data["global_batch_size"]) != config.global_batch_size or int(data["seed"]) != config.seed:
+        raise ConfigurationError(
+            f"{path}: written with --batch-size {data['global_batch_size']} and --seed "
+            f"{data['seed']}, this run has {config.global_batch_size} and {config.seed}; the data "
+            "position depends on both, restart with the same values")
+
+
+def apply_saved_schedule(path, saved: dict, trainer, steps, reschedule: bool, note_fn=None) -> None:
+    """Give ``trainer`` the learning-rate schedule stored in the checkpoint's replicated state ``saved``
+    (:func:`check_schedule`; nothing for checkpoints written before schedules were stored, or without
+    ``steps``); ``note_fn(text)`` is told when it differs from this run's options."""
+    if "schedule" in saved and steps is not None:
+        plan, note = check_schedule(path, dict(saved["schedule"]), trainer.schedule_plan(), int(steps), reschedule)
+        trainer.set_schedule(plan)
+        if note is not None and note_fn is not None:
+            note_fn(note)
+
+
 def check_schedule(path, saved: dict, current: dict, steps: int, reschedule: bool) -> tuple[dict, str | None]:
     """The schedule a restarted run uses, and a note for the user (or None).
 
@@ -143,18 +164,8 @@ def restore_training_checkpoint(manager, which, trainer, state, sync, model_name
             f"{restored.info.path}: written for model {model['name']!r} with {model['n_params']} "
             f"parameters, this run has {model_name!r} with {trainer.model.n_params}; restart with "
             "the same --model/--depth/--width")
-    data = saved["data"]
-    if int(data["global_batch_size"]) != config.global_batch_size or int(data["seed"]) != config.seed:
-        raise ConfigurationError(
-            f"{restored.info.path}: written with --batch-size {data['global_batch_size']} and --seed "
-            f"{data['seed']}, this run has {config.global_batch_size} and {config.seed}; the data "
-            "position depends on both, restart with the same values")
-    if "schedule" in saved and steps is not None:
-        plan, note = check_schedule(restored.info.path, dict(saved["schedule"]), trainer.schedule_plan(), int(steps),
-                                    reschedule)
-        trainer.set_schedule(plan)
-        if note is not None and note_fn is not None:
-            note_fn(note)
+    check_data_position(restored.info.path, saved["data"], config)
+    apply_saved_schedule(restored.info.path, saved, trainer, steps, reschedule, note_fn)
     precision = state.precision
     xp = array_module(precision.master_params)
     precision.master_params[...] = xp.asarray(np.asarray(saved["params"],

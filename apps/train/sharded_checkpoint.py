@@ -53,7 +53,7 @@ import hpcgpu
 from hpcgpu.errors import ConfigurationError
 
 from ._backend import to_numpy
-from .checkpointing import check_schedule
+from .checkpointing import apply_saved_schedule, check_data_position
 from .shard_map import BlockExchange, gather_logical, owned_pieces, shard_pieces, tensor_map
 
 #: The :class:`MLPSpec` fields a checkpoint must share with the run that restarts from it.
@@ -182,12 +182,7 @@ class ShardedCheckpoint:
         described = manager.load(which)   # the replicated state only: check before reading arrays
         saved, path = described.replicated, described.info.path
         self.check_compatible(path, saved)
-        if "schedule" in saved and steps is not None:
-            plan, note = check_schedule(path, dict(saved["schedule"]), runner.trainer.schedule_plan(), int(steps),
-                                        reschedule)
-            runner.trainer.set_schedule(plan)
-            if note is not None and note_fn is not None:
-                note_fn(note)
+        apply_saved_schedule(path, saved, runner.trainer, steps, reschedule, note_fn)
         stored_dtype = np.dtype(saved["model"]["dtype"])
         cpu = hpcgpu.arch.CPU()
         fields = {name: hpcgpu.Field(self.decomposition, cpu, halo_width=0, dtype=stored_dtype, name=name)
@@ -237,12 +232,7 @@ class ShardedCheckpoint:
             raise ConfigurationError(
                 f"{path}: holds {model['n_params']} parameters, this run's model has {self.n_params}; restart "
                 "with the same model")
-        data, config = saved["data"], runner.config
-        if int(data["global_batch_size"]) != config.global_batch_size or int(data["seed"]) != config.seed:
-            raise ConfigurationError(
-                f"{path}: written with --batch-size {data['global_batch_size']} and --seed {data['seed']}, this "
-                f"run has {config.global_batch_size} and {config.seed}; the data position depends on both, "
-                "restart with the same values")
+        check_data_position(path, saved["data"], runner.config)
         optimizer = saved["optimizer"]
         stored_keys = sorted(list(optimizer["arrays"]) + list(optimizer["counters"]))
         wanted_keys = sorted(runner.state.optimizer_state)
