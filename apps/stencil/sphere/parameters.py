@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from apps.stencil.shallow_water.metrics import ROW_ARRAYS, GridMetrics, latlon_metrics
+from apps.stencil.shallow_water.metrics import GridMetrics, latlon_metrics
 from hpcgpu.errors import ConfigurationError
 
 EARTH_RADIUS = 6.37122e6
@@ -125,7 +125,7 @@ class SphereTile:
     Per padded cell (arrays of shape (n_rows + 2w, n_cols + 2w)): ``coriolis`` (f at the SW corner,
     1/s) and ``topography`` (bottom height h_s at the centre, m).
 
-    ``metrics`` holds the same arrays as the core's :class:`~apps.stencil.shallow_water.metrics.GridMetrics`
+    These names read ``metrics``, the core's :class:`~apps.stencil.shallow_water.metrics.GridMetrics`
     (what :func:`apps.stencil.sphere.stage.sphere_stage` passes to the core).
     """
 
@@ -140,18 +140,20 @@ class SphereTile:
     n_columns: int
     n_rows_global: int
     n_columns_global: int
-    cos_center: Any
-    rcos_center: Any
-    rdx_center: Any
-    rdy_center: Any
-    cos_face: Any
-    rdx_face: Any
-    rdy_face: Any
-    v_face_mask: Any
-    coriolis: Any
-    topography: Any
     dtype: np.dtype
     metrics: GridMetrics
+
+    # The metric arrays are the core's (one copy): each name below reads ``metrics``.
+    cos_center = property(lambda self: self.metrics.cos_center)
+    rcos_center = property(lambda self: self.metrics.rcos_center)
+    rdx_center = property(lambda self: self.metrics.rdx_center)
+    rdy_center = property(lambda self: self.metrics.rdy_center)
+    cos_face = property(lambda self: self.metrics.cos_face)
+    rdx_face = property(lambda self: self.metrics.rdx_face)
+    rdy_face = property(lambda self: self.metrics.rdy_face)
+    v_face_mask = property(lambda self: self.metrics.v_face_mask)
+    coriolis = property(lambda self: self.metrics.coriolis)
+    topography = property(lambda self: self.metrics.topography)
 
     @property
     def at_south(self) -> bool:
@@ -235,5 +237,4 @@ def tile_parameters(
         gravity=p.gravity, radius=p.radius, dlon=p.dlon, dlat=p.dlat, halo_width=int(halo_width),
         row_start=int(row_start), n_rows=int(n_rows), column_start=int(column_start), n_columns=int(n_columns),
         n_rows_global=p.ny, n_columns_global=p.nx, dtype=dtype, metrics=metrics,
-        **{name: getattr(metrics, name) for name in (*ROW_ARRAYS, "coriolis", "topography")},
     )  # fmt: skip
