@@ -15,8 +15,8 @@ Runs, on one device, each target's measurement and prints one table last:
   and per cell-step (goal 1x), fp32 and fp64.
 
 Each app run is ``python -m apps.stencil ... --summary FILE`` (its timed loop excludes set-up). The
-copy bandwidth is measured first (device-to-device copy of 1 GiB, read + write bytes; on the CPU
-``numpy.copyto`` of 256 MiB). Minimum and median over the repeats are given where there are several.
+copy bandwidth is measured first (read + write bytes): on a GPU as the apps' plausibility check does
+(:func:`hpcgpu.app.plausibility.measured_copy_bandwidth`), on the CPU ``numpy.copyto`` of 256 MiB. Minimum and median over the repeats are given where there are several.
 
 Usage::
 
@@ -38,6 +38,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hpcgpu.app.plausibility import measured_copy_bandwidth  # noqa: E402 - after the path
+
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ("kernels", "small", "jet", "heat3d", "latlon", "peer")
 BYTES_PER_UPDATE = {"swe-fp64": 192, "swe-fp32": 96, "heat3d-fp64": 16}
@@ -54,21 +58,12 @@ def sizes(quick: bool) -> dict:
 
 
 def copy_bandwidth(backend: str) -> float:
-    """Measured copy bandwidth in B/s (read + write bytes), best of 10 copies."""
+    """Measured copy bandwidth in B/s (read + write bytes): the GPU's as the apps measure it, else the best
+    of 10 ``numpy.copyto`` calls."""
     if backend == "gpu":
         import cupy
 
-        a = cupy.ones(2**27, dtype=cupy.float64)
-        b = cupy.empty_like(a)
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        best = float("inf")
-        for _ in range(12):
-            start.record()
-            b[...] = a
-            stop.record()
-            stop.synchronize()
-            best = min(best, cupy.cuda.get_elapsed_time(start, stop) / 1e3)
-        return 2 * a.nbytes / best
+        return measured_copy_bandwidth(cupy.cuda.Device().id)   # what the apps' plausibility check uses
     import numpy as np
 
     a = np.ones(2**25, dtype=np.float64)

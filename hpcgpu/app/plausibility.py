@@ -35,7 +35,9 @@ class ImplausibleResultError(HpcgpuError):
 
 
 @functools.lru_cache(maxsize=None)
-def _measured_copy_bandwidth(device_id: int) -> float:
+def measured_copy_bandwidth(device_id: int) -> float:
+    """Measured device-to-device copy bandwidth of GPU ``device_id`` in bytes/s (read + write), the best
+    of five copies; once per process and device."""
     import cupy
 
     with cupy.cuda.Device(device_id):
@@ -65,7 +67,7 @@ def copy_bandwidth(arch) -> float | None:
     override = os.environ.get(COPY_BANDWIDTH_VARIABLE)
     if override:
         return float(override)
-    return _measured_copy_bandwidth(arch.device_id)
+    return measured_copy_bandwidth(arch.device_id)
 
 
 def check_throughput(comm, arch, throughput: float, unit: str, min_bytes_per_update: float | None) -> dict:
