@@ -39,10 +39,12 @@ inner axes come from the exchange before any of this, so an edge block's corner 
 (or copies) of ghosts that are already right; where two physical axes meet, mirrors commute and a
 ``Dirichlet`` on the later axis wins the corner.
 
-Every fill is a slice assignment (a copy, a negated copy, or a constant) on NumPy or CuPy arrays; on
-GPUs each is one elementwise kernel on the current stream: no host synchronisation, capturable in a
-CUDA graph. The copies move values without arithmetic (a negation flips the sign bit), so CPU and
-GPU results are bitwise equal.
+Every fill is a copy, a negated copy, or a constant. The fills of one plan are composed once into a
+single gather (:mod:`hpcgpu.halo.ghost_map`): one kernel on the current stream on GPUs (no host
+synchronisation, capturable in a CUDA graph), a few fancy-index assignments on the CPU; where they
+do not compose (a fill reading a cell another one writes), each runs as its own slice assignment.
+The copies move values without arithmetic (a negation flips the sign bit), so CPU and GPU results
+are bitwise equal, and equal to the fills run one by one.
 """
 
 from __future__ import annotations
@@ -50,8 +52,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from hpcgpu.arch import array_module
 from hpcgpu.errors import ConfigurationError
+from hpcgpu.halo.ghost_map import GhostMap, SymbolicBuffer, copy_indices, fill_indices
 
 LOWER, UPPER = -1, +1
 _SIDE_NAMES = {"lower": LOWER, "upper": UPPER, LOWER: LOWER, UPPER: UPPER}
@@ -251,8 +256,10 @@ class BoundaryFill:
                 f"{len(arrays)} arrays, {len(halo_widths)} widths, {len(conditions)} conditions"
             )
         sides = frozenset(sides)
+        self.arrays = list(arrays)
         self.operations = []   # (kind, destination view, source view or value)
-        for array, widths, declared in zip(arrays, halo_widths, conditions):
+        self.steps = []        # (kind, array index, destination index, source index or value): the same, symbolic
+        for array_index, (array, widths, declared) in enumerate(zip(arrays, halo_widths, conditions)):
             if declared is None:
                 continue
             if not isinstance(declared, BoundaryConditions):
@@ -275,8 +282,30 @@ class BoundaryFill:
                         "along that axis, or fewer ranks along it."
                     )
                 for kind, destination, source in _side_operations(condition, side, n, w):
-                    self.operations.append((kind, array[_along(axis, array.ndim, destination)],
-                                            source if kind == "fill" else array[_along(axis, array.ndim, source)]))
+                    target = _along(axis, array.ndim, destination)
+                    origin = source if kind == "fill" else _along(axis, array.ndim, source)
+                    self.steps.append((kind, array_index, target, origin))
+                    self.operations.append((kind, array[target], source if kind == "fill" else array[origin]))
+        #: The fills composed into one gather (one kernel on the GPU), or None: run them one by one.
+        self.ghost_map = self._compose() if self.operations else None
+
+    def record(self, symbols: Sequence[SymbolicBuffer]) -> None:
+        """Run the fills on ``symbols`` (one :class:`SymbolicBuffer` per array, flat); returns None."""
+        for kind, index, destination, source in self.steps:
+            shape = self.arrays[index].shape
+            if kind == "fill":
+                symbols[index].fill(fill_indices(shape, destination), source)
+            else:
+                cells, origins = copy_indices(shape, destination, source)
+                symbols[index].assign(cells, symbols[index], origins, negate=kind == "negate")
+
+    def _compose(self) -> GhostMap | None:
+        if len({np.dtype(a.dtype) for a in self.arrays}) != 1:
+            return None
+        stride = max(a.size for a in self.arrays)
+        symbols = [SymbolicBuffer(a.size, a.dtype, first_id=k * stride) for k, a in enumerate(self.arrays)]
+        self.record(symbols)
+        return GhostMap.compose(self.arrays, symbols, stride)
 
     @classmethod
     def for_fields(cls, fields: Sequence, conditions: Sequence) -> "BoundaryFill":
@@ -298,7 +327,13 @@ class BoundaryFill:
         return bool(self.operations)
 
     def apply(self) -> None:
-        """Fill the physical ghosts, in place, on the current stream (GPU: no synchronisation). Returns None."""
+        """Fill the physical ghosts, in place, on the current stream (GPU: no synchronisation). Returns None.
+
+        One gather (:attr:`ghost_map`) where the fills compose into one, else one slice assignment each.
+        """
+        if self.ghost_map is not None:
+            self.ghost_map.apply()
+            return
         for kind, destination, source in self.operations:
             if kind == "negate":
                 _negative(destination, source)

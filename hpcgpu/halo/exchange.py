@@ -11,7 +11,9 @@ every time step::
 All fields of one exchange travel in one message per neighbour. A message holding a single field
 whose region is contiguous in memory (for example whole rows of a 2D field without x ghosts) is sent
 straight from the field without packing. A rank that is its own neighbour (a periodic axis with one
-block) copies locally.
+block) copies locally; a rank with no other neighbour at all does its whole fill (local copies, then
+the boundary conditions) as one gather composed at planning time (:mod:`hpcgpu.halo.ghost_map`),
+one kernel on GPUs, without the transport (ordered between the streams as a transport would be).
 
 Ghost cells beyond a non-periodic domain edge are the physical boundary: with ``boundary_conditions``
 (one :class:`~hpcgpu.halo.boundaries.BoundaryConditions` per field, see :mod:`hpcgpu.halo.boundaries`)
@@ -37,10 +39,11 @@ import numpy as np
 
 from hpcgpu.errors import HaloError
 from hpcgpu.halo.boundaries import BoundaryFill, normalise_conditions
+from hpcgpu.halo.ghost_map import GhostMap, SymbolicBuffer
 from hpcgpu.halo.packing import indexed_copy
 from hpcgpu.halo.regions import directions, flat_indices, is_contiguous, region_slices
 from hpcgpu.transport import default_transport
-from hpcgpu.transport.events import ExchangeTransportState
+from hpcgpu.transport.events import ExchangeTransportState, exchange_event
 
 _TAG_STRIDE = 27  # 3**3 - 1 directions at most in 3D, plus one spare
 _serials = itertools.count()
@@ -174,17 +177,45 @@ class HaloExchange:
 
         self.sends, self.recvs, self._local_copies = [], [], []
         recv_by_k = {k: (peer, view(kind, b, e, self.recv_buffer)) for k, peer, (kind, b, e) in recv_layout}
+        recv_spec = {k: spec for k, _, spec in recv_layout}
+        local_specs = []   # (send (kind, begin, end), receive (kind, begin, end)) of each local copy
         for k, peer, (kind, b, e) in send_layout:
             buffer = view(kind, b, e, self.send_buffer)
             if peer == me:
                 # A periodic axis with one block: our own message comes back to us. Copy locally
                 # instead of asking MPI/NCCL to talk to ourselves.
                 self._local_copies.append((buffer, recv_by_k.pop(k)[1]))
+                local_specs.append(((kind, b, e), recv_spec[k]))
             else:
                 self.sends.append(Message(peer, self._tag_base + k, buffer))
         self.recvs = [Message(peer, self._tag_base + k, buffer) for k, (peer, buffer) in recv_by_k.items()]
         self.bytes_per_exchange = sum(m.buffer.nbytes for m in self.sends)
         self._prepare_copies()
+        #: Without remote neighbours: the whole fill (local copies, then the boundary conditions)
+        #: composed into one gather (:mod:`hpcgpu.halo.ghost_map`), or None.
+        self.local_map = None
+        if not self.sends and not self.recvs:
+            self.local_map = self._compose_local(indices, local_specs, send_size, recv_size, dtype)
+
+    def _compose_local(self, indices, local_specs, send_size, recv_size, dtype):
+        """The :class:`GhostMap` of pack, local copies, unpack and boundary fills, run symbolically."""
+        arrays = [f.data for f in self.fields]
+        stride = max(a.size for a in arrays)
+        fields = [SymbolicBuffer(a.size, dtype, first_id=k * stride) for k, a in enumerate(arrays)]
+        send, receive = SymbolicBuffer(send_size, dtype), SymbolicBuffer(recv_size, dtype)
+        for symbol, ix in zip(fields, indices):
+            if ix.send_idx:
+                send.assign(np.concatenate(ix.send_pos), symbol, np.concatenate(ix.send_idx), negate=False)
+        for (send_kind, b, e), (recv_kind, rb, re) in local_specs:
+            source = fields[0] if send_kind == "direct" else send
+            target = fields[0] if recv_kind == "direct" else receive
+            target.assign(np.arange(rb, re), source, np.arange(b, e), negate=False)
+        for symbol, ix in zip(fields, indices):
+            if ix.recv_idx:
+                symbol.assign(np.concatenate(ix.recv_idx), receive, np.concatenate(ix.recv_pos), negate=False)
+        if self.boundary_fill:
+            self.boundary_fill.record(fields)
+        return GhostMap.compose(arrays, fields, stride)
 
     def _indices(self, kind, d, f):
         slices = region_slices(kind, d, f.interior.shape, f.halo_width)
@@ -216,16 +247,46 @@ class HaloExchange:
             indexed_copy(*copy)
 
     def start(self) -> "PendingExchange":
-        """Begin the exchange; returns immediately with a handle whose ``wait()`` completes it."""
+        """Begin the exchange; returns immediately with a handle whose ``wait()`` completes it.
+
+        Without remote neighbours the ghosts are filled here by one gather (:attr:`local_map`), and
+        the handle's :attr:`PendingExchange.is_local` is True: there is nothing to overlap.
+        """
         if self.arch.is_gpu:
             # Every GPU transport orders itself after the compute stream: the kernels that produced
             # the fields must be there, or packing races with them.
             self.arch.check_compute_stream("a halo exchange")
+        if self.local_map is not None:
+            return PendingExchange(self._start_local(), local=True)
         return PendingExchange(self.transport.start(self), self.boundary_fill or None, self.arch)
+
+    def _start_local(self):
+        """Apply :attr:`local_map`; on GPUs ordered like a transport (see :class:`_StreamHandoff`)."""
+        if not self.arch.is_gpu:
+            self.local_map.apply()
+            return None
+        arch = self.arch
+        stream = arch.comm_stream
+        stream.wait_event(exchange_event(self, "ready", arch.compute_stream))
+        with arch.on_stream(stream):
+            self.local_map.apply()
+        return _StreamHandoff(arch.compute_stream, exchange_event(self, "done", stream))
 
     def run(self) -> None:
         """Exchange and wait (boundary conditions included)."""
-        PendingExchange(self.transport.start(self), self.boundary_fill or None, self.arch).wait()
+        self.start().wait()
+
+
+class _StreamHandoff:
+    """The compute stream's side of work queued on the communication stream: ``wait()`` orders it after ``event``."""
+
+    __slots__ = ("compute_stream", "event")
+
+    def __init__(self, compute_stream, event):
+        self.compute_stream, self.event = compute_stream, event
+
+    def wait(self) -> None:
+        self.compute_stream.wait_event(self.event)
 
 
 class PendingExchange:
@@ -233,12 +294,20 @@ class PendingExchange:
 
     ``wait()`` completes the transport's messages, then fills the physical boundary ghosts (if the
     exchange has boundary conditions); a second ``wait()`` does nothing.
+
+    Attributes
+    ----------
+    is_local : bool
+        No message leaves this rank (one block along every axis with neighbours): the fill is one
+        gather already queued (GPU: on the communication stream, after the compute stream's work
+        so far, like a transport's pack) and there is nothing for computation to overlap.
     """
 
-    __slots__ = ("_handle", "_boundary_fill", "_arch")
+    __slots__ = ("_handle", "_boundary_fill", "_arch", "is_local")
 
-    def __init__(self, handle, boundary_fill=None, arch=None):
+    def __init__(self, handle, boundary_fill=None, arch=None, local: bool = False):
         self._handle, self._boundary_fill, self._arch = handle, boundary_fill, arch
+        self.is_local = local
 
     def wait(self) -> None:
         if self._handle is not None:

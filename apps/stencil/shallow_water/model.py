@@ -1,6 +1,7 @@
 """What the two shallow-water models share: fields, the overlapped SSP-RK3 step, time, diagnostics bookkeeping.
 
-Each of the three stages of a step::
+Each of the three stages of a step (on a rank without remote neighbours the exchange is one local
+gather and the interior and rim are one update)::
 
     start exchanging the stage input (h, u, v packed in one message per neighbour, corners included)
     update the interior of the stage output          (overlaps the exchange)
@@ -108,13 +109,15 @@ class ShallowWaterModel(StencilModel):
         for (a, b), source, target in zip(SSP_RK3_STAGES, inputs, outputs):
             base, stage, out = ([f.data for f in fs] for fs in (self.state, source, target))
             pending = hpcgpu.exchange_halos(source, wait=False, boundary_conditions=self.boundary_conditions)
+            # Nothing to overlap without remote neighbours (one rank): one update of every owned cell.
+            overlap = self.overlap and not pending.is_local
             with timers.phase("compute"):
-                if self.overlap and self.interior is not None:
+                if overlap and self.interior is not None:
                     shallow_water_stage(out, base, stage, a, b, self.dt, metrics, self.interior, increment, filtered)
             with timers.phase("communication"):
                 pending.wait()   # the neighbours' ghosts, then the walls / pole mirrors
             with timers.phase("compute"):
-                for region in (self.rim if self.overlap else [self.owned]):
+                for region in (self.rim if overlap else [self.owned]):
                     shallow_water_stage(out, base, stage, a, b, self.dt, metrics, region, increment, filtered)
             self.finish_stage(timers, out, base, stage, a, b)
         self.step_index += 1
