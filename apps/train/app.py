@@ -112,7 +112,9 @@ def build_parser(rank: int = 0):
                             "before the last [1]")
     optim.add_argument("--precision", choices=PRECISIONS, default="fp32",
                        help="fp16: mixed precision (fp32 masters, dynamic loss scaling); bf16: mixed precision "
-                            "(fp32 masters, no loss scaling); fp64 for testing [fp32]")
+                            "(fp32 masters, no loss scaling); both with every --model and any --tensor-parallel / "
+                            "--pipeline-parallel grid (activations, tensor allreduces and pipeline messages in "
+                            "16 bits; data-parallel gradients summed in fp32 for bf16); fp64 for testing [fp32]")
     optim.add_argument("--loss-scale", type=float, default=2.0**16, help="fp16: initial loss scale [65536]")
     par = parser.add_argument_group("parallelism")
     par.add_argument("--zero", type=int, choices=(0, 1), default=0,
@@ -207,13 +209,7 @@ def resolve_options(options, comm) -> FrozenOptions:
 
 def check_bf16(options, is_gpu) -> None:
     """Refuse what ``--precision bf16`` cannot do yet (the same ConfigurationError on every rank)."""
-    if options.precision != "bf16":
-        return
-    if uses_split_model(options):
-        raise ConfigurationError(
-            "--precision bf16 is not supported with --model residual-mlp (the tensor/pipeline-parallel "
-            "trainer) yet; use --precision fp32 or fp16 there, or bf16 with --model mlp, cnn or large-mlp")
-    if not is_gpu:
+    if options.precision != "bf16" or not is_gpu:
         return
     gpu_problems = (
         (options.model == "cnn", "--model cnn (its convolutions have no bfloat16 GPU kernels yet)"),

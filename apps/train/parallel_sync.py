@@ -71,7 +71,8 @@ class ParallelSync:
 
     def _sharded_sum_of_squares(self):
         precision = self.precision
-        if precision.name == "full":
+        if precision.name in ("full", "bf16"):
+            # bf16: the trainer converted the owned range to float32 master gradients already
             buffer, factor = precision.master_grads, 1.0
         else:   # the trainer's fused fp16 path reads the scaled fp16 gradients the same way
             buffer, factor = precision.compute_grads, 1.0 / precision.loss_scale ** 2

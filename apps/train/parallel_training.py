@@ -34,6 +34,14 @@ point-to-point (:mod:`apps.train.pipeline_transport`); the communicators are cre
 :func:`apps.train.parallel_grid.prepare_device_communication`. The bytes of both are counted per
 step (:mod:`apps.train.comm_volume`).
 
+Precision (``config.precision``): fp32, fp64, fp16 (fp32 masters, dynamic loss scaling) and bf16
+(fp32 masters and optimiser state, no loss scaling), as in data-parallel training
+(:mod:`apps.train.precision`). The activations, the tensor allreduces and the pipeline messages are
+in the 16-bit compute dtype; bf16's data-parallel gradients are summed in float32 and rounded once
+(MPI staging on CPUs, NCCL float32 staging on GPUs), its tensor allreduce sums float32 copies on CPUs
+and bfloat16 in NCCL (:func:`apps.train.tensor_parallel.allreduce_bfloat16`). On GPUs bf16 with
+``zero_stage=1`` is refused by the app (the reduce-scatter has no bfloat16 staging yet).
+
 ZeRO-1 (``zero_stage=1``): the D data replicas of each (tensor, pipeline) position split that rank's
 flat buffer into D contiguous parts (:func:`apps.train.zero.shard_ranges`); step 2 becomes a
 reduce-scatter over the data group, step 3 steps only the owned part with its part of the optimiser

@@ -46,6 +46,7 @@ from .loss import count_correct, softmax_cross_entropy
 from .pipeline_schedule import (SCHEDULES, bubble_fraction, gpipe_schedule, one_f_one_b_schedule,
                                 partition_stages, schedule_for, simulate_schedule)
 from .pipeline_transport import MpiPointToPoint
+from .precision import to_compute
 
 __all__ = ["SCHEDULES", "MpiPointToPoint", "PipelineEngine", "PipelineStepStats", "bubble_fraction",
            "gpipe_schedule", "one_f_one_b_schedule", "partition_stages", "restore_activations",
@@ -219,7 +220,7 @@ class PipelineEngine:
                     self._post(pending)
                 pending = None
                 if inputs is None:
-                    inputs = x[lo:hi].astype(compute_dtype, copy=False)
+                    inputs = to_compute(x[lo:hi], compute_dtype)
                 begun = clock.mark()
                 ctx = ForwardContext(training=True, seed=seed, step=step,
                                      sample_index=sample_index[lo:hi])
@@ -293,7 +294,7 @@ class PipelineEngine:
                 self._post(pending)
             pending = None
             if inputs is None:
-                inputs = x[start:stop].astype(compute_dtype, copy=False)
+                inputs = to_compute(x[start:stop], compute_dtype)
             outputs = self.model.forward(inputs, ctx)
             if self.is_last:
                 loss, _ = softmax_cross_entropy(outputs, y[start:stop], stop - start)

@@ -21,6 +21,10 @@ together.
                                   copy, MPI as above, copy back (correct everywhere, slow)
 ================================  ======================================================================
 
+Activations travel in the compute dtype (2 bytes a value in fp16 and bf16). bfloat16 has no MPI
+type: :class:`MpiPointToPoint` moves its bit patterns as ``uint16``; on GPUs it already is ``uint16``
+(NCCL moves dtypes it cannot reduce as bytes: exact).
+
 :func:`make_point_to_point` picks one after the pipeline communicator's transport (which
 :func:`apps.train.parallel_grid.agree_transports` set to the job's). Every sender counts the bytes it
 was given to send (``bytes_sent``, ``n_sends``): the measured side of
@@ -31,6 +35,8 @@ import numpy as np
 
 from hpcgpu.transport.nccl import grouped_send_receive, nccl_communicator
 from hpcgpu.transport.selection import select_transport_for
+
+from ._backend import is_bfloat16
 
 
 class _CountedSender:
@@ -52,6 +58,13 @@ class _CountedSender:
     def recv(self, shape, dtype, source, tag):
         """Receive an array of ``shape`` and ``dtype`` from ``source``."""
         return self.exchange(receive=(shape, dtype, source, tag))
+
+
+def _message_buffer(buffer):
+    """What MPI sends or receives for the contiguous NumPy ``buffer``: itself, or for bfloat16
+    (``ml_dtypes``, a dtype MPI does not know) its bit patterns as a ``uint16`` view -- the same
+    bytes, copied exactly."""
+    return buffer.view(np.uint16) if is_bfloat16(buffer.dtype) else buffer
 
 
 class MpiPointToPoint(_CountedSender):
@@ -81,12 +94,13 @@ class MpiPointToPoint(_CountedSender):
             array, dest, tag = send
             buffer = np.ascontiguousarray(array)
             self._count(buffer)
-            self._pending.append((self.comm.mpi.Isend(buffer, dest=dest, tag=tag), buffer))
+            self._pending.append((self.comm.mpi.Isend(_message_buffer(buffer), dest=dest, tag=tag),
+                                  buffer))
         if receive is None:
             return None
         shape, dtype, source, tag = receive
         buffer = np.empty(shape, dtype=dtype)
-        self.comm.mpi.Recv(buffer, source=source, tag=tag)
+        self.comm.mpi.Recv(_message_buffer(buffer), source=source, tag=tag)
         return buffer
 
     def wait_all(self):

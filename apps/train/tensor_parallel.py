@@ -22,6 +22,12 @@ the tensor communicator's device collectives (NCCL on the current stream, the de
 place of host copies; host-staged MPI only when the job's transport is not ``nccl``), set up by
 :func:`apps.train.parallel_grid.prepare_device_communication`.
 
+bf16 (:func:`allreduce_bfloat16`): the activations and their gradients are bfloat16, and so is the
+allreduce's result. MPI has no bfloat16 type, so on the CPU (and through host-staged MPI) the T
+partial products travel as float32 copies, are summed in float32 and rounded to bfloat16 once; NCCL
+reduces bfloat16 itself (``ncclBfloat16``), two bytes a value on the wire. For T = 2 both give
+``round(a + b)``, bitwise the same; for T > 2 NCCL rounds its partial sums on the way.
+
 Initialisation: a shard is cut from the values the UNSPLIT layer would get for the same seed
 (:meth:`ColumnParallelLinear.shard`, :meth:`RowParallelLinear.shard`, used by
 :func:`apps.train.parallel_training.init_parallel_parameters`), so T = 1 and T = 2 train the same model.
@@ -29,11 +35,18 @@ Initialisation: a shard is cut from the values the UNSPLIT layer would get for t
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from hpcgpu.errors import ConfigurationError
 
+from ._backend import is_bfloat16, is_cupy, to_float32
 from .dropout import Dropout
 from .layers import GELU, LayerNorm, Linear
 from .params import ParamSpec
+from .precision import to_compute
+
+#: ``ncclBfloat16`` of NCCL >= 2.10 (``nccl.h``); CuPy names it ``NCCL_BFLOAT16`` in recent versions.
+NCCL_BFLOAT16 = 9
 from .sequential import Residual
 
 
@@ -83,7 +96,44 @@ class TensorGroup:
         self.n_allreduces += 1
         self.n_values_reduced += int(array.size)
         self.n_bytes_reduced += int(array.nbytes)
+        if is_bfloat16(array.dtype):
+            return allreduce_bfloat16(self.collectives, array)
         return self.collectives.allreduce(array, "sum")
+
+
+def allreduce_bfloat16(collectives, array):
+    """Sum of the bfloat16 ``array`` over the group, as a new bfloat16 array of the same form.
+
+    Parameters
+    ----------
+    collectives : object
+        The group's ``allreduce(array, op)`` (see :class:`TensorGroup`).
+    array : ndarray
+        ``ml_dtypes.bfloat16`` (NumPy) or ``uint16`` bit patterns (CuPy), the same shape on every rank.
+
+    Returns
+    -------
+    ndarray, shape and dtype of ``array``
+        NCCL (``collectives.nccl_comm``): its bfloat16 sum on the current stream. Otherwise (MPI,
+        which has no bfloat16 type, and host-staged MPI on GPUs): the float32 sum of the widened
+        values, rounded to nearest even bfloat16 once.
+    """
+    nccl_comm = getattr(collectives, "nccl_comm", None)
+    if is_cupy(array) and nccl_comm is not None:
+        import cupy
+        from cupy.cuda import nccl
+
+        send = cupy.ascontiguousarray(array)
+        result = cupy.empty_like(send)
+        # the bit patterns are ncclBfloat16 values: NCCL adds them as bfloat16, rounding each sum
+        nccl_comm.allReduce(send.data.ptr, result.data.ptr, send.size,
+                            getattr(nccl, "NCCL_BFLOAT16", NCCL_BFLOAT16), nccl.NCCL_SUM,
+                            cupy.cuda.get_current_stream().ptr)
+        return result
+    total = collectives.allreduce(to_float32(array), "sum")
+    if is_cupy(array):
+        return to_compute(total, array.dtype)   # float32 -> bit patterns, rounded to nearest even
+    return np.asarray(total, dtype=np.float32).astype(array.dtype)
 
 
 def _shard_of(n_features, group, what):
