@@ -1,8 +1,9 @@
 """GPU (CuPy raw kernels) launchers of the fused SSP-RK3 stage; see :mod:`apps.stencil.shallow_water.stage`.
 
-Per-row metrics (the lat-lon grid) run ``row_metrics_stage`` of
-:mod:`apps.stencil.shallow_water.cuda_device`, one thread per cell. Uniform metrics (the channel)
-run one of three kernels that compute the same cells, bit for bit:
+Per-row metrics (the lat-lon grid) run the warp-marching ``swe_stage_march_rows`` of
+:mod:`apps.stencil.shallow_water.cuda_march_rows` (or, as an option, ``row_metrics_stage`` of
+:mod:`apps.stencil.shallow_water.cuda_device`, one thread per cell; the same bits). Uniform metrics
+(the channel) run one of three kernels that compute the same cells, bit for bit:
 
 ``swe_stage_march`` (the default; :mod:`apps.stencil.shallow_water.cuda_march`)
     Each warp owns 32 adjacent columns and marches down ``rows`` rows of them, with the loads of
@@ -41,6 +42,7 @@ import numpy as np
 
 from apps.stencil.shallow_water.cuda_device import device_module, row_metrics_name, uniform_name
 from apps.stencil.shallow_water.cuda_march import march_name
+from apps.stencil.shallow_water.cuda_march_rows import DEFAULT_MARCH_ROWS, march_rows_launch, march_rows_module, march_rows_name
 from apps.stencil.shallow_water.cuda_uniform import kernel_choices, tiled_name, uniform_module
 
 SIMPLE_BLOCK = (32, 8, 1)
@@ -94,19 +96,34 @@ def uniform_stage_gpu(out, base, stage, coriolis_rows, v_face_mask, scalars, reg
     uniform_module().get_function(tiled_name(dtype, chosen))(grid, (tx, threads // tx, 1), args)
 
 
-def row_metrics_stage_gpu(*args) -> None:
+ROW_METRICS_KERNEL = {"name": "march"}
+"""The per-row-metrics kernel the stage launches: ``"march"`` (the default,
+:mod:`apps.stencil.shallow_water.cuda_march_rows`) or ``"simple"`` (one thread per cell); same bits."""
+
+
+def row_metrics_stage_gpu(*args, kernel: str | None = None) -> None:
     """Launch the per-row-metrics stage on the current CuPy stream; returns None.
 
     ``args`` as for the core's Numba kernel without the (hyper)viscosity scalars: (out x3, base x3,
     stage x3, increment x3, the 8 row arrays, filtered_rows, coriolis, topography, a, b, dt, gravity,
     rdy, half, quarter, j0, j1, i0, i1), scalars in the field dtype, arrays validated by
-    :func:`apps.stencil.shallow_water.stage.shallow_water_stage`.
+    :func:`apps.stencil.shallow_water.stage.shallow_water_stage`. ``kernel``: ``"march"`` or
+    ``"simple"`` (default: :data:`ROW_METRICS_KERNEL`); both give the same bits.
     """
     region = tuple(int(x) for x in args[-4:])
     out_h = args[0]
-    kernel = device_module().get_function(row_metrics_name(out_h.dtype))
     bounds = tuple(np.int32(x) for x in region)
-    kernel(_simple_grid(region), SIMPLE_BLOCK, (*args[:-4], *bounds, np.int32(out_h.shape[1])))
+    chosen = ROW_METRICS_KERNEL["name"] if kernel is None else kernel
+    if chosen == "march":
+        shape = DEFAULT_MARCH_ROWS[np.dtype(out_h.dtype)]
+        grid, block = march_rows_launch(region, shape)
+        function = march_rows_module().get_function(march_rows_name(out_h.dtype, *shape))
+        function(grid, block, (*args[:-4], *bounds, np.int32(out_h.shape[1]), np.int32(out_h.shape[0])))
+        return
+    if chosen != "simple":
+        raise ValueError(f"kernel must be 'march' or 'simple'; found {chosen!r}")
+    function = device_module().get_function(row_metrics_name(out_h.dtype))
+    function(_simple_grid(region), SIMPLE_BLOCK, (*args[:-4], *bounds, np.int32(out_h.shape[1])))
 
 
-__all__ = ["DEFAULT_TILE", "MARCH_WARPS", "SIMPLE_BLOCK", "kernel_choices", "row_metrics_stage_gpu", "uniform_stage_gpu"]
+__all__ = ["DEFAULT_TILE", "MARCH_WARPS", "ROW_METRICS_KERNEL", "SIMPLE_BLOCK", "kernel_choices", "row_metrics_stage_gpu", "uniform_stage_gpu"]
