@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(128) swe_stage_march(
 }
 """
 
-MARCH_SHAPES = ((16, 1), (32, 1), (16, 2), (32, 2), (8, 2))
+MARCH_SHAPES = ((16, 1), (32, 1), (16, 2), (32, 2), (8, 2), (8, 1), (4, 2), (4, 1))
 """The compiled (rows marched, rows loaded ahead) of the warp-marching kernel (``("march", rows, ahead)``)."""
 
 _REAL = {np.dtype(np.float64): "double", np.dtype(np.float32): "float"}

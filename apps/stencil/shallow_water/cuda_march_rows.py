@@ -198,11 +198,12 @@ __global__ void __launch_bounds__(128) swe_stage_march_rows(
 }
 """
 
-MARCH_ROWS_SHAPES = ((16, 1), (16, 2), (32, 1), (32, 2))
+MARCH_ROWS_SHAPES = ((16, 1), (16, 2), (32, 1), (32, 2), (8, 2), (8, 1), (4, 2), (4, 1))
 """The compiled (rows marched, rows loaded ahead) of the per-row-metrics warp-marching kernel."""
 
 DEFAULT_MARCH_ROWS = {np.dtype(np.float64): (16, 2), np.dtype(np.float32): (32, 1)}
-"""The shape each dtype uses: the channel kernel's measured best (one H200), not re-tuned for this one."""
+"""The shape each dtype uses on large regions (the channel kernel's measured best on one H200, not
+re-tuned for this one); small regions march fewer rows (:func:`apps.stencil.shallow_water.stage_gpu.fitted_march_shape`)."""
 
 MARCH_ROWS_WARPS = 4
 """Warps per block (each writes 30 columns)."""

@@ -38,11 +38,19 @@ CuPy is imported lazily: this module imports without it.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from apps.stencil.shallow_water.cuda_device import device_module, row_metrics_name, uniform_name
-from apps.stencil.shallow_water.cuda_march import march_name
-from apps.stencil.shallow_water.cuda_march_rows import DEFAULT_MARCH_ROWS, march_rows_launch, march_rows_module, march_rows_name
+from apps.stencil.shallow_water.cuda_march import MARCH_SHAPES, march_name
+from apps.stencil.shallow_water.cuda_march_rows import (
+    DEFAULT_MARCH_ROWS,
+    MARCH_ROWS_SHAPES,
+    march_rows_launch,
+    march_rows_module,
+    march_rows_name,
+)
 from apps.stencil.shallow_water.cuda_uniform import kernel_choices, tiled_name, uniform_module
 
 SIMPLE_BLOCK = (32, 8, 1)
@@ -54,7 +62,40 @@ MARCH_WARPS = 4
 DEFAULT_TILE = {np.dtype(np.float64): ("march", 16, 2), np.dtype(np.float32): ("march", 32, 1)}
 """The kernel each dtype uses unless ``uniform_stage_gpu(..., tile=...)`` says otherwise: the fastest measured
 at 8192 x 4096 on one H200 (``benchmarks/stencil_kernels.py --swe-tiles all``). fp64 needs two rows
-in flight (about 120 registers, 16 warps per SM); fp32 runs 64 warps per SM and one row is enough."""
+in flight (about 120 registers, 16 warps per SM); fp32 runs 64 warps per SM and one row is enough.
+Small regions march fewer rows per warp (:func:`fitted_march_shape`)."""
+
+
+WARPS_PER_SM = 8
+"""A marching launch should have at least this many warps per multiprocessor (latency hiding)."""
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: int) -> int:
+    import cupy
+
+    return int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
+
+
+def fitted_march_shape(shape: tuple[int, int], warp_columns: int, region_rows: int, compiled,
+                       multiprocessors: int | None = None) -> tuple[int, int]:
+    """``shape`` = (rows, ahead) with rows halved (down to 4) while a launch over ``warp_columns``
+    warps side by side and ``region_rows`` rows would leave the GPU with fewer than
+    :data:`WARPS_PER_SM` warps per multiprocessor: a small grid (512 x 256) then marches 4 rows per
+    warp instead of 16-32, so enough warps run at once to hide the memory latency. ``compiled`` lists
+    the available shapes (``ahead`` drops to 1 where the halved shape lacks it). Any shape gives
+    the same bits. ``multiprocessors``: default, the current CUDA device's."""
+    if multiprocessors is None:
+        import cupy
+
+        multiprocessors = _multiprocessors(cupy.cuda.Device().id)
+    wanted = WARPS_PER_SM * multiprocessors
+    rows, ahead = shape
+    while rows > 4 and warp_columns * -(-region_rows // rows) < wanted:
+        rows //= 2
+    if (rows, ahead) not in compiled:
+        ahead = 1
+    return (rows, ahead) if (rows, ahead) in compiled else tuple(shape)
 
 
 def _simple_grid(region) -> tuple[int, int, int]:
@@ -83,8 +124,10 @@ def uniform_stage_gpu(out, base, stage, coriolis_rows, v_face_mask, scalars, reg
         np.int32(j0), np.int32(j1), np.int32(i0), np.int32(i1), np.int32(n_columns), np.int32(n_rows),
     )  # fmt: skip
     if chosen[0] == "march":
-        _, rows, ahead = chosen
         groups = -(-(i1 - i0) // 28)
+        _, rows, ahead = chosen
+        if tile is None:
+            rows, ahead = fitted_march_shape((rows, ahead), groups, j1 - j0, MARCH_SHAPES)
         grid = (-(-groups // MARCH_WARPS), -(-(j1 - j0) // rows), 1)
         uniform_module().get_function(march_name(dtype, rows, ahead))(grid, (32 * MARCH_WARPS, 1, 1), args)
         return
@@ -115,7 +158,9 @@ def row_metrics_stage_gpu(*args, kernel: str | None = None) -> None:
     bounds = tuple(np.int32(x) for x in region)
     chosen = ROW_METRICS_KERNEL["name"] if kernel is None else kernel
     if chosen == "march":
-        shape = DEFAULT_MARCH_ROWS[np.dtype(out_h.dtype)]
+        j0, j1, i0, i1 = region
+        shape = fitted_march_shape(DEFAULT_MARCH_ROWS[np.dtype(out_h.dtype)], -(-(i1 - i0) // 30), j1 - j0,
+                                   MARCH_ROWS_SHAPES)
         grid, block = march_rows_launch(region, shape)
         function = march_rows_module().get_function(march_rows_name(out_h.dtype, *shape))
         function(grid, block, (*args[:-4], *bounds, np.int32(out_h.shape[1]), np.int32(out_h.shape[0])))
@@ -126,4 +171,4 @@ def row_metrics_stage_gpu(*args, kernel: str | None = None) -> None:
     function(_simple_grid(region), SIMPLE_BLOCK, (*args[:-4], *bounds, np.int32(out_h.shape[1])))
 
 
-__all__ = ["DEFAULT_TILE", "MARCH_WARPS", "ROW_METRICS_KERNEL", "SIMPLE_BLOCK", "kernel_choices", "row_metrics_stage_gpu", "uniform_stage_gpu"]
+__all__ = ["DEFAULT_TILE", "MARCH_WARPS", "ROW_METRICS_KERNEL", "SIMPLE_BLOCK", "WARPS_PER_SM", "fitted_march_shape", "kernel_choices", "row_metrics_stage_gpu", "uniform_stage_gpu"]

@@ -101,3 +101,17 @@ def test_channel_metrics_are_unit_factors_and_spacings():
     np.testing.assert_array_equal(metrics.rdx_center, 1.0 / 5.0e3)
     np.testing.assert_array_equal(metrics.rdy_face, 1.0 / 4.0e3)
     assert metrics.rdy == 1.0 / 4.0e3 and metrics.rdx2 == 1.0 / 25.0e6
+
+
+def test_small_regions_march_fewer_rows_per_warp():
+    """512 x 256 on a 132-SM GPU: 19 warps side by side need 4-row marches to reach 8 warps per SM;
+    8192 x 4096 keeps the measured defaults; shapes not compiled fall back to one row ahead."""
+    from apps.stencil.shallow_water.cuda_march import MARCH_SHAPES
+    from apps.stencil.shallow_water.stage_gpu import fitted_march_shape
+
+    assert fitted_march_shape((16, 2), 19, 256, MARCH_SHAPES, multiprocessors=132) == (4, 2)
+    assert fitted_march_shape((32, 1), 19, 256, MARCH_SHAPES, multiprocessors=132) == (4, 1)
+    assert fitted_march_shape((16, 2), 293, 4096, MARCH_SHAPES, multiprocessors=132) == (16, 2)
+    assert fitted_march_shape((32, 1), 129, 1800, MARCH_SHAPES, multiprocessors=132) == (32, 1)
+    assert fitted_march_shape((16, 2), 19, 2, MARCH_SHAPES, multiprocessors=132) == (4, 2)   # a thin rim slab
+    assert fitted_march_shape((32, 2), 40, 256, ((32, 2), (8, 1)), multiprocessors=132) == (8, 1)
