@@ -263,10 +263,6 @@ def check_split_model(options, n_ranks: int) -> None:
         raise ConfigurationError(
             f"--allreduce {options.allreduce} is not supported with {what}: the copy-engine allreduce "
             "sums the gradients of exactly 2 ranks holding the whole model. Use --allreduce nccl")
-    if options.recompute:
-        raise ConfigurationError(
-            f"--recompute is not supported with {what} yet (the pipeline's stash of recomputed "
-            "blocks is untested). Run without --recompute")
     if options.hidden % tensor:
         raise ConfigurationError(
             f"--hidden {options.hidden} cannot be split over --tensor-parallel {tensor} ranks; choose "
@@ -344,7 +340,7 @@ def build_split_model(options, comm, arch, data) -> ParallelTrainingModel:
     grid = make_grid(comm, tensor_size=options.tensor_parallel, pipeline_size=options.pipeline_parallel)
     runner = ParallelTrainer(grid, spec, train_config(options), arch, micro_batches=options.micro_batches,
                              schedule=options.pipeline_schedule, bucket_mb=options.bucket_mb,
-                             zero_stage=options.zero)
+                             zero_stage=options.zero, recompute=options.recompute)
     return ParallelTrainingModel(comm, arch, options, data, grid, runner)
 
 

@@ -12,6 +12,9 @@ width ``width`` and compute dtype of ``itemsize`` bytes, sends
 
       tensor  = 2 (T - 1) / T * 2 * n_blocks * rows * width * itemsize
 
+  With activation recomputation (``--recompute``) each block's forward runs again in backward,
+  with its allreduce: 3 instead of 2 allreduces per block and step.
+
 * pipeline parallelism (P > 1): the activation ``(micro-batch, width)`` of every micro-batch to
   the next stage (not on the last stage) and its gradient to the previous stage (not on the first)::
 
@@ -40,7 +43,7 @@ def blocks_in_stage(spec, stage_range):
     return max(0, min(stop, spec.depth + 1) - max(start, 1))
 
 
-def computed_volume(spec, stage_ranges, stage, tensor_size, rows, itemsize):
+def computed_volume(spec, stage_ranges, stage, tensor_size, rows, itemsize, recompute=False):
     """Bytes one rank sends per step, by the formulas of the module docstring.
 
     Parameters
@@ -55,6 +58,8 @@ def computed_volume(spec, stage_ranges, stage, tensor_size, rows, itemsize):
         Samples of the rank's data replica per step.
     itemsize : int
         Bytes per value of the compute dtype.
+    recompute : bool
+        Activation recomputation: the forward allreduce of every block runs twice.
 
     Returns
     -------
@@ -64,20 +69,23 @@ def computed_volume(spec, stage_ranges, stage, tensor_size, rows, itemsize):
     """
     n_stages = len(stage_ranges)
     activation = rows * spec.width * itemsize
-    payload = 2 * blocks_in_stage(spec, stage_ranges[stage]) * activation if tensor_size > 1 else 0
+    allreduces_per_block = 3 if recompute else 2
+    payload = (allreduces_per_block * blocks_in_stage(spec, stage_ranges[stage]) * activation
+               if tensor_size > 1 else 0)
     boundaries = int(stage < n_stages - 1) + int(stage > 0)
     return {"tensor_payload": payload, "tensor": ring_allreduce_factor(tensor_size) * payload,
             "pipeline": boundaries * activation}
 
 
-def computed_max_volume(spec, stage_ranges, tensor_size, data_size, global_batch_size, itemsize):
+def computed_max_volume(spec, stage_ranges, tensor_size, data_size, global_batch_size, itemsize,
+                        recompute=False):
     """:func:`computed_volume`'s largest values over every rank of the grid (replicated input:
     the same answer on every rank, no communication)."""
     largest = {"tensor_payload": 0, "tensor": 0.0, "pipeline": 0}
     for data_rank in range(data_size):
         lo, hi = shard_bounds(global_batch_size, data_rank, data_size)
         for stage in range(len(stage_ranges)):
-            volume = computed_volume(spec, stage_ranges, stage, tensor_size, hi - lo, itemsize)
+            volume = computed_volume(spec, stage_ranges, stage, tensor_size, hi - lo, itemsize, recompute)
             largest = {key: max(largest[key], volume[key]) for key in largest}
     return largest
 
@@ -149,7 +157,8 @@ def communication_report(runner):
     tensor_payload, pipeline = meter.per_step()
     lo, hi = shard_bounds(runner.config.global_batch_size, grid.data_rank, grid.data_size)
     computed = computed_volume(runner.parallel_model.spec, runner.parallel_model.stage_ranges,
-                               grid.pipeline_rank, grid.tensor_size, hi - lo, runner.itemsize)
+                               grid.pipeline_rank, grid.tensor_size, hi - lo, runner.itemsize,
+                               runner.recompute)
     measured = {"tensor_payload": tensor_payload,
                 "tensor": ring_allreduce_factor(grid.tensor_size) * tensor_payload,
                 "pipeline": pipeline}

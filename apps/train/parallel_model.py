@@ -118,7 +118,7 @@ class ParallelTrainingModel(TrainingRun):
         runner, grid = self.runner, self.grid
         return computed_max_volume(runner.parallel_model.spec, runner.parallel_model.stage_ranges,
                                    grid.tensor_size, grid.data_size, self.options.batch_size,
-                                   runner.itemsize)
+                                   runner.itemsize, runner.recompute)
 
     def decomposition(self) -> dict:
         grid, options = self.grid, self.options

@@ -128,6 +128,8 @@ def build_parallel_model(grid, model_spec, boundaries=None, tensor_collectives=N
         First top-level layer of stages 1 .. P-1; default balanced by parameter count.
     tensor_collectives : object, optional
         ``allreduce(array, op)`` of the tensor group (default: the tensor communicator, MPI).
+    recompute : bool
+        Activation recomputation of the stage's blocks (see :class:`ParallelTrainer`).
     """
     model_spec.validate(grid.tensor_size)
     counts = [layer_param_count(layer) for layer in mlp_layers(model_spec)]
@@ -187,6 +189,11 @@ class ParallelTrainer:
         The tensor group's ``allreduce(array, op)`` object and the pipeline sender. Defaults: from
         :func:`~apps.train.parallel_grid.prepare_device_communication` (MPI on CPUs, NCCL on GPUs)
         and :func:`~apps.train.pipeline_transport.make_point_to_point`.
+    recompute : bool
+        Activation recomputation (:class:`~apps.train.sequential.Sequential`): each stage keeps only
+        its blocks' inputs per micro-batch in flight (the engine stashes them) and re-runs a block's
+        forward just before its backward -- bitwise the same gradients. A tensor-parallel block's
+        recomputed forward allreduces its output again: one more allreduce per block and step.
     zero_stage : {0, 1}
         1: ZeRO-1 over the data axis -- the D replicas of each (tensor, pipeline) position split
         that rank's optimiser state (see :class:`ParallelSync`); the result equals ``zero_stage=0``
@@ -202,7 +209,7 @@ class ParallelTrainer:
 
     def __init__(self, grid, model_spec, config, arch=None, micro_batches=1, schedule="1f1b",
                  boundaries=None, bucket_mb=DEFAULT_BUCKET_MB, tensor_collectives=None,
-                 point_to_point=None, zero_stage=0):
+                 point_to_point=None, zero_stage=0, recompute=False):
         import hpcgpu
 
         if config.accum_steps != 1:
@@ -219,7 +226,9 @@ class ParallelTrainer:
         device_collectives = prepare_device_communication(grid, self.arch, zero_stage)
         if tensor_collectives is None:
             tensor_collectives = device_collectives
-        self.parallel_model = build_parallel_model(grid, model_spec, boundaries, tensor_collectives)
+        self.recompute = bool(recompute)
+        self.parallel_model = build_parallel_model(grid, model_spec, boundaries, tensor_collectives,
+                                                   recompute=self.recompute)
         model = self.parallel_model.model
         self.trainer = Trainer(model, config)
         self.sync = ParallelSync(grid, self.arch, model, bucket_mb, zero_stage)
