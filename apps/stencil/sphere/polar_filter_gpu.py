@@ -5,19 +5,36 @@ fields, in one of two ways:
 
 * **Whole latitude circles on this rank** (the row communicator has size 1, i.e. the decomposition
   splits latitude only; ``gather`` is :func:`apps.stencil.sphere.polar_circles.local_gather`): the
-  polar rows' increments stay on the device. Per stage that is five steps whatever the number of
-  polar rows: one kernel gathers the increments of h, u and v on all polar rows into one
-  ``(3 * n_rows, n)`` block, one batched ``cupy.fft.rfft`` (cuFFT) transforms every row, one
-  multiply applies ``S_k`` (a row of ones where a field is not filtered on that row), one batched
-  ``cupy.fft.irfft`` transforms back, and one kernel combines
-  ``out = a*base + b*(stage + S(increment))``, taking the raw increment where the field is not
-  filtered (as the CPU does, which copies it through). No host round trip, no synchronisation.
+  polar rows' increments stay on the device, and a stage allocates nothing and never synchronises
+  with the host, so the lat-lon step can be captured as a CUDA graph (``--graph``). The work
+  buffers and the two cuFFT plans are built once per plan, device and dtype
+  (:func:`device_workspace`, cached on ``plan.device_tables`` like :func:`device_tables`). Per stage,
+  whatever the number of polar rows:
+
+  1. one kernel gathers the increments of h, u and v on all polar rows into ``raw``, one
+     ``(3 * n_rows, n)`` block;
+  2. one batched forward transform (``cupy.cuda.cufft.Plan1d``: R2C for float32, D2Z for float64)
+     into ``spectrum`` (complex64 / complex128);
+  3. ``product = spectrum * S_k`` (``cupy.multiply(..., out=)``; the factors are float64, so the
+     product is complex128 for both dtypes; a row of ones where a field is not filtered on that row);
+  4. one batched Z2D inverse transform of ``product`` into ``inverse`` (float64); cuFFT's C2R
+     overwrites its input, which is fine: ``product`` is rewritten by step 3 before every use;
+  5. ``inverse /= n`` in place (the same ufunc call, with the same Python int, as CuPy's ``irfft``);
+  6. float32 only: the cast ``filtered[...] = inverse`` (CuPy's element-wise copy, as ``astype``);
+  7. one kernel combines ``out = a*base + b*(stage + S(increment))``, taking the raw increment where
+     the field is not filtered (as the CPU does, which copies it through).
+
+  These are exactly the operations of ``cupy.fft.irfft(cupy.fft.rfft(raw, axis=-1) * factors,
+  n=n, axis=-1).astype(dtype)`` in CuPy 14 (the same plan types and batch, the same multiply, the
+  same ``/= n`` normalisation in float64, the same cast), minus its copies and allocations, so the
+  results are bitwise those of that formula (tests/apps/stencil/sphere/test_sphere_graph.py).
 * **Rows split across ranks** (longitude decomposed): the increments of the polar rows are copied to
   the host, gathered in the row communicator and filtered by the CPU code
   (:func:`apps.stencil.sphere.polar_circles.filter_circles`, the identical NumPy FFT on identical
   circles), then the owned columns go back to the device for the combine kernel. This is correct for
   any decomposition but slower: it synchronises the compute stream and moves the polar rows through
-  PCIe and MPI three times per step. Prefer ``--dims N,1`` (latitude bands) on GPUs.
+  PCIe and MPI three times per step, and it cannot be captured as a CUDA graph. Prefer
+  ``--dims N,1`` (latitude bands) on GPUs.
 
 The cuFFT transforms round differently from NumPy's pocketfft (relative differences ~1e-16 of the
 increment), so the device path agrees with the CPU to rounding, not bitwise; the host-staged path
@@ -140,6 +157,90 @@ def device_tables(plan: FilterPlan) -> DeviceFilterTables:
     return tables
 
 
+@dataclasses.dataclass(frozen=True)
+class DeviceFilterWorkspace:
+    """The persistent buffers and cuFFT plans of the whole-circles device filter, for one dtype.
+
+    Built once per plan, device and dtype (:func:`device_workspace`): a stage then allocates nothing,
+    so it can be captured as a CUDA graph, which bakes in these buffers' addresses.
+
+    Attributes
+    ----------
+    raw : cupy array of the field dtype, shape (3 * n_rows, n)
+        The polar rows' raw increments dt*L, (field, row) pairs in order (the gather kernel's output).
+    spectrum : cupy complex64 (float32 fields) or complex128 array, shape (3 * n_rows, n//2 + 1)
+        The forward transform of ``raw``.
+    product : cupy complex128 array, shape (3 * n_rows, n//2 + 1)
+        ``spectrum * factors``; the inverse transform's input, overwritten by it (scratch).
+    inverse : cupy float64 array, shape (3 * n_rows, n)
+        The inverse transform of ``product``, divided by n in place.
+    filtered : cupy array of the field dtype, shape (3 * n_rows, n)
+        The filtered increments: ``inverse`` itself for float64, its float32 cast otherwise.
+    forward, backward : cupy.cuda.cufft.Plan1d
+        Length n, batch 3 * n_rows: R2C (float32) or D2Z (float64); Z2D.
+    """
+
+    raw: Any
+    spectrum: Any
+    product: Any
+    inverse: Any
+    filtered: Any
+    forward: Any
+    backward: Any
+
+
+def device_workspace(plan: FilterPlan, dtype: Any) -> DeviceFilterWorkspace:
+    """The whole-circles filter's buffers and cuFFT plans for fields of ``dtype`` on the current CuPy
+    device, built once per plan, device and dtype (cached on ``plan.device_tables``).
+
+    Call it outside a CUDA graph capture (the first stage of an eager step, or the model's
+    ``prepare``): it allocates device memory and plans the transforms. The plan types are those
+    ``cupy.fft.rfft`` / ``irfft`` choose for the same arrays (CuPy 14 ``cupy/fft/_fft.py``).
+    """
+    import cupy
+    from cupy.cuda import cufft
+
+    dtype = np.dtype(dtype)
+    key = ("workspace", cupy.cuda.runtime.getDevice(), dtype.str)
+    workspace = plan.device_tables.get(key)
+    if workspace is None:
+        if dtype not in _REAL:
+            raise TypeError(f"the device polar filter takes float32 or float64 fields, not {dtype}")
+        batch, n = 3 * len(plan.rows), plan.n_columns
+        modes = n // 2 + 1
+        complex_dtype = np.complex64 if dtype == np.float32 else np.complex128
+        forward_type = cufft.CUFFT_R2C if dtype == np.float32 else cufft.CUFFT_D2Z
+        inverse = cupy.empty((batch, n), dtype=np.float64)
+        workspace = DeviceFilterWorkspace(
+            raw=cupy.empty((batch, n), dtype=dtype),
+            spectrum=cupy.empty((batch, modes), dtype=complex_dtype),
+            # The factors are float64: CuPy promotes complex64 * float64 to complex128 (as NumPy does).
+            product=cupy.empty((batch, modes), dtype=np.complex128),
+            inverse=inverse,
+            filtered=inverse if dtype == np.float64 else cupy.empty((batch, n), dtype=dtype),
+            forward=cufft.Plan1d(n, forward_type, batch),
+            backward=cufft.Plan1d(n, cufft.CUFFT_Z2D, batch),
+        )  # fmt: skip
+        plan.device_tables[key] = workspace
+    return workspace
+
+
+def _filter_whole_circles(workspace: DeviceFilterWorkspace, factors: Any, n: int) -> None:
+    """``workspace.filtered = irfft(rfft(workspace.raw) * factors, n).astype(dtype)`` row by row, with
+    CuPy 14's arithmetic and no allocation (module docstring, steps 2-6); in place, returns None."""
+    import cupy
+    from cupy.cuda import cufft
+
+    workspace.forward.fft(workspace.raw, workspace.spectrum, cufft.CUFFT_FORWARD)
+    cupy.multiply(workspace.spectrum, factors, out=workspace.product)
+    # Z2D overwrites its input (product): nothing reads product again before step 3 rewrites it.
+    workspace.backward.fft(workspace.product, workspace.inverse, cufft.CUFFT_INVERSE)
+    # irfft's normalisation is ``out /= out.shape[-1]``: true division by the Python int n, in float64.
+    cupy.true_divide(workspace.inverse, n, out=workspace.inverse)
+    if workspace.filtered is not workspace.inverse:
+        cupy.copyto(workspace.filtered, workspace.inverse)   # astype's element-wise cast
+
+
 def filter_and_combine_gpu(
     out: Sequence[Any], base: Sequence[Any], stage: Sequence[Any], increment: Sequence[Any],
     a: float, b: float, plan: FilterPlan, gather: Callable[[np.ndarray], np.ndarray],
@@ -162,19 +263,24 @@ def filter_and_combine_gpu(
     w = plan.halo_width
     grid = (-(-n // _THREADS), n_rows, 3)
     sizes = (np.int32(n_rows), np.int32(w), np.int32(n), np.int32(n_columns))
-    # (3, n_filtered_rows, n): the raw increments dt*L of the polar rows' owned columns.
-    raw = cupy.empty((3, n_rows, n), dtype=dtype)
-    module.get_function(f"polar_gather<{_REAL[dtype]}>")(grid, (_THREADS,), (raw, *increment, tables.rows, *sizes))
+    gather_kernel = module.get_function(f"polar_gather<{_REAL[dtype]}>")
     if gather is local_gather:
         if plan.column_start != 0:
             raise ValueError(f"local_gather needs whole latitude circles, but this tile starts at column "
                              f"{plan.column_start}; pass the row communicator's gather (mpi_row_gather).")
-        # Every (field, row) in one batch; NumPy's order of operations: rfft in the field dtype, the
-        # product with the float64 factors, irfft, then the cast back to the field dtype.
-        spectrum = cupy.fft.rfft(raw.reshape(3 * n_rows, n), axis=-1) * tables.factors
-        filtered = cupy.fft.irfft(spectrum, n=n, axis=-1).astype(dtype, copy=False)
+        # Every (field, row) in one batch, in persistent buffers (capturable: no allocation, no host
+        # synchronisation); NumPy's order of operations: the forward transform in the field dtype,
+        # the product with the float64 factors, the inverse transform, then the cast to the field dtype.
+        workspace = device_workspace(plan, dtype)
+        raw = workspace.raw
+        gather_kernel(grid, (_THREADS,), (raw, *increment, tables.rows, *sizes))
+        _filter_whole_circles(workspace, tables.factors, n)
+        filtered = workspace.filtered
         use_filtered = tables.use_filtered
     else:
+        # (3, n_filtered_rows, n): the raw increments dt*L of the polar rows' owned columns.
+        raw = cupy.empty((3, n_rows, n), dtype=dtype)
+        gather_kernel(grid, (_THREADS,), (raw, *increment, tables.rows, *sizes))
         # The increments were written by kernels on the current stream: finish them before the host
         # copy and the MPI allgather (MPI knows nothing of CUDA streams).
         cupy.cuda.get_current_stream().synchronize()
@@ -187,4 +293,4 @@ def filter_and_combine_gpu(
     )  # fmt: skip
 
 
-__all__ = ["DeviceFilterTables", "device_tables", "filter_and_combine_gpu"]
+__all__ = ["DeviceFilterTables", "DeviceFilterWorkspace", "device_tables", "device_workspace", "filter_and_combine_gpu"]
