@@ -8,9 +8,17 @@ combine).
 
 On a GPU (``--backend cupy``) the stages run as the core's per-row-metrics CUDA kernel
 (:mod:`apps.stencil.shallow_water.stage_gpu`) on the compute stream while the halos travel (NCCL or
-host-staged MPI); the polar filter stays on
-the device when each rank holds whole latitude circles (``--dims N,1``, the default for GPUs) and
-is staged through the host otherwise (:mod:`apps.stencil.sphere.polar_filter_gpu`).
+host-staged MPI); the polar filter stays on the device when each rank holds whole latitude circles
+(``--dims N,1``, the default for GPUs) and is staged through the host otherwise
+(:mod:`apps.stencil.sphere.polar_filter_gpu`).
+
+CUDA graphs: with whole circles on every rank the filter works in persistent buffers with
+pre-planned cuFFT transforms, so a step never synchronises with the host and the driver replays
+windows of steps as CUDA graphs (``--graph``, the GPU default; bitwise the eager result).
+:meth:`LatLonModel.capturable` keeps the steps at which :meth:`LatLonModel.after_step` records the
+energy history or writes a snapshot out of the inside of a window (a window may end on one). With
+longitude split across ranks the filter goes through the host every stage: no graphs, and
+``--graph`` is refused (:attr:`LatLonModel.graph_unsupported`).
 
 The time step is fixed for the run: ``dt`` (checked against the limit) or ``cfl`` times the limit
 of the initial state with the zonal spacing of the filter cutoff latitude.
@@ -27,7 +35,7 @@ from apps.stencil.shallow_water.model import SECONDS_PER_DAY, ShallowWaterModel
 from apps.stencil.sphere.diagnostics import DIAGNOSTIC_NAMES, error_norms, local_diagnostics, local_error_sums
 from apps.stencil.sphere.initial_conditions import initial_owned_state, make_initial_condition
 from apps.stencil.sphere.parameters import DEFAULT_FILTER_LATITUDE_DEG, SphereParameters, tile_parameters
-from apps.stencil.sphere.polar_filter import filter_and_combine, make_filter_plan, mpi_row_gather
+from apps.stencil.sphere.polar_filter import filter_and_combine, local_gather, make_filter_plan, mpi_row_gather
 from apps.stencil.sphere.timestep import DEFAULT_CFL, stability_rate
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.halo import free_slip_channel_walls
@@ -50,8 +58,9 @@ class LatLonModel(ShallowWaterModel):
     diagnostic_names = DIAGNOSTIC_NAMES
     default_shape = {"nx": 128, "ny": 64}
     default_days = 5.0
-    graph_unsupported = ("the polar filter plans cuFFT transforms and gathers latitude circles on the host in "
-                         "every stage, which a CUDA graph cannot hold")
+    #: None where the steps can be captured as CUDA graphs (whole latitude circles on every rank); set
+    #: per run to the reason when longitude is split across ranks (the host-staged polar filter).
+    graph_unsupported = None
 
     def __init__(self, comm, arch, options):
         self.comm, self.arch = comm, arch
@@ -66,6 +75,7 @@ class LatLonModel(ShallowWaterModel):
             # Latitude bands keep whole circles on each GPU, so the polar filter never leaves the device.
             dims = (0, 1)
         self.grid = hpcgpu.Decomposition(comm, (ny, nx), dims=dims, periodic=(False, True))
+        self._check_graph_option(getattr(options, "graph", None))
         width = 1
         self._check_extents(width, ("latitude", "longitude"))
         self.initial = make_initial_condition(self.init_name, self.parameters)
@@ -79,11 +89,6 @@ class LatLonModel(ShallowWaterModel):
         # Ranks of one latitude band, ordered by longitude: the polar filter's whole circles.
         self.row_comm = comm.mpi.Split(color=self.grid.coords[0], key=self.grid.coords[1])
         self.gather = mpi_row_gather(self.row_comm)
-        if getattr(options, "graph", False) and arch.is_gpu:
-            raise ConfigurationError(
-                "--graph does not apply to --grid latlon: the polar filter plans cuFFT transforms and gathers "
-                "latitude circles on the host in every stage, which a CUDA graph cannot hold. Run without --graph."
-            )
         h, u, v = initial_owned_state(self.initial, self.parameters, start, shape)
         self.exact_h = h.copy()
         for field, values in zip(self.state, (h, u, v)):
@@ -96,6 +101,22 @@ class LatLonModel(ShallowWaterModel):
         self.history = [self._history_entry(self.initial_diagnostics)]
         self.snapshot_every = getattr(options, "snapshot_every", None)
         self.snapshots = None
+
+    def _check_graph_option(self, graph) -> None:
+        """Set :attr:`graph_unsupported` when longitude is split across ranks, and refuse ``--graph``
+        (``graph`` True) there on a GPU. Depends only on the decomposition's dims, so it raises the
+        same :class:`ConfigurationError` on every rank, before any collective of the model."""
+        ranks_along_longitude = self.grid.dims[1]
+        if ranks_along_longitude == 1:
+            return
+        self.graph_unsupported = (
+            f"with {ranks_along_longitude} ranks along longitude the polar filter gathers latitude circles "
+            "through the host in every stage, which a CUDA graph cannot hold")
+        if graph and self.arch.is_gpu:
+            raise ConfigurationError(
+                f"--graph does not apply to --grid latlon with --dims {self.grid.dims[0]},{ranks_along_longitude}: "
+                f"{self.graph_unsupported}. Split latitude only (--dims N,1, the GPU default) or run without --graph."
+            )
 
     def _choose_dt(self, options) -> float:
         h, u, v = (f.data for f in self.state)
@@ -122,8 +143,42 @@ class LatLonModel(ShallowWaterModel):
             filter_and_combine(out, base, stage, self.increment, a, b, self.plan, self.gather)
 
     # ------------------------------------------------------------------ stepping
+    def prepare(self) -> None:
+        """GPU with whole circles: build the polar filter's persistent buffers and cuFFT plans and load
+        its kernels (one filter pass into scratch arrays), so that neither happens inside the timed loop
+        or a CUDA graph capture (a run restarted from a checkpoint captures its first window at once)."""
+        if not self.arch.is_gpu or self.gather is not local_gather or not self.plan.rows:
+            return
+        scratch = [self.arch.zeros(f.data.shape, dtype=self.dtype) for f in self.state]
+        fields = [f.data for f in self.state]
+        filter_and_combine(scratch, fields, fields, self.increment, 1.0, 1.0, self.plan, self.gather)
+        self.arch.synchronize()
+
     def capturable(self, n_steps: int = 1) -> bool:
-        return False  # the polar filter builds cuFFT plans / gathers on the host every stage
+        """True on a GPU with whole latitude circles on every rank (the filter stays on the device), if
+        no step strictly inside the window records the history or writes a snapshot: :meth:`after_step`
+        runs after the whole replay and sees only its last step, so a window may end on such a step."""
+        if self.graph_unsupported is not None or not self.arch.is_gpu:
+            return False
+        return not any(self._output_due(self.step_index + k) for k in range(1, n_steps))
+
+    def _output_due(self, step: int) -> bool:
+        """Whether :meth:`after_step` records a history entry or may write a snapshot after ``step``
+        (of a run ending at ``self.steps``; snapshots whether or not there is an output directory)."""
+        every = self.snapshot_every
+        return step % self._history_every(self.steps) == 0 or bool(every and step % every == 0)
+
+    @staticmethod
+    def _history_every(total_steps: int) -> int:
+        """Steps between history entries: about 50 per run."""
+        return max(1, total_steps // 50)
+
+    def set_final_step(self, final_step: int) -> None:
+        """Also fixes the default snapshot interval (final step / 50) before any window is chosen, on a
+        restart too (where no :meth:`after_step` comes before the first step)."""
+        super().set_final_step(final_step)
+        if self.snapshot_every is None:
+            self.snapshot_every = max(1, final_step // 50)
 
     # ------------------------------------------------------------------ diagnostics
     def local_diagnostics(self) -> dict:
@@ -140,7 +195,7 @@ class LatLonModel(ShallowWaterModel):
         directory none either. The first call opens the file: at step 0 (a fresh run) an existing
         file is refused, after a restart the file of the continued run is appended to. Collective.
         """
-        every = max(1, total_steps // 50)
+        every = self._history_every(total_steps)
         if self.step_index != 0 and (self.step_index % every == 0 or self.step_index == total_steps):
             # (the initial entry is recorded at construction)
             with timers.phase("io"):
