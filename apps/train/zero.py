@@ -8,7 +8,9 @@ range of the flat buffer (:meth:`ZeroRedundancy.owned_range`). One step:
    the whole gradient buffer is final);
 2. reduce-scatter of the gradients: rank ``r`` receives the SUM over ranks of its
    shard ``[lo_r, hi_r)`` (NCCL ``reduceScatter`` in place on the GPU,
-   ``MPI_Reduce_scatter`` with per-rank counts on the CPU);
+   ``MPI_Reduce_scatter`` with per-rank counts on the CPU); 16-bit gradients that
+   the library cannot add (bfloat16 everywhere, float16 in an MPI without it) are
+   summed as float32 copies and the shard is rounded back once;
 3. the trainer converts/unscales only the shard, sums the shard's squared norm
    over ranks (global clipping and overflow check), and the optimiser steps only
    the shard with its shard of the state;
@@ -29,7 +31,8 @@ import numpy as np
 
 from hpcgpu.transport.nccl import nccl_communicator, nccl_datatype
 
-from ._backend import is_cupy, to_numpy
+from ._backend import is_bfloat16, is_cupy, to_numpy
+from .buffer_kernels import round_to_bfloat16, scaled_copy
 from .reducers import load_optimizer_slices, mpi_supports
 
 
@@ -59,6 +62,7 @@ class ZeroRedundancy:
         self.grads = None
         self.buckets = []
         self.alone_seconds = None
+        self._staging = None   # GPU bfloat16: the float32 buffer of the reduce-scatter
 
     # -- layout ---------------------------------------------------------------------
     def owned_range(self, n_params):
@@ -101,6 +105,23 @@ class ZeroRedundancy:
         grads[lo:hi] = received
 
     def _reduce_scatter_nccl(self, grads):
+        if not is_bfloat16(grads.dtype):
+            self._reduce_scatter_nccl_in_place(grads)
+            return
+        # bfloat16 bit patterns (uint16): NCCL would add the integers. Summed in float32 like the
+        # bucket allreduce and the CPU's MPI staging: widen into a float32 buffer (allocated once),
+        # reduce-scatter it, round this rank's part back to bfloat16 once. All on the current
+        # (compute) stream, so no other stream touches the staging buffer.
+        import cupy
+
+        if self._staging is None or self._staging.shape != grads.shape:
+            self._staging = cupy.empty(grads.shape, dtype=cupy.float32)
+        scaled_copy(grads, self._staging, 1.0)
+        self._reduce_scatter_nccl_in_place(self._staging)
+        lo, hi = self.ranges[self.comm.rank]
+        round_to_bfloat16(self._staging[lo:hi], grads[lo:hi])
+
+    def _reduce_scatter_nccl_in_place(self, grads):
         import cupy
         from cupy.cuda import nccl
 

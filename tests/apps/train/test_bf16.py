@@ -184,8 +184,8 @@ def test_bf16_restart_is_bitwise(tmp_path, data_file):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--backend", "cupy", "--model", "residual-mlp", "--width", "16", "--depth", "1", "--zero", "1"],
-     "on the GPU does not support --zero 1"),
+    (["--backend", "cupy", "--model", "large-mlp", "--width", "16", "--depth", "1", "--allreduce", "peer"],
+     "on the GPU does not support --allreduce peer"),
     (["--backend", "cupy", "--model", "cnn"], "on the GPU does not support --model cnn"),
 ])
 def test_bf16_refuses_what_it_cannot_do_on_every_rank(tmp_path, data_file, args, message):

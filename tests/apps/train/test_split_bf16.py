@@ -185,6 +185,30 @@ def test_gpu_bf16_split_model_over_nccl(comm):
     gpu_split_body(comm, gpu_arch_or_skip(comm))
 
 
+@pytest.mark.gpu
+@pytest.mark.mpi(ranks=[2], timeout=400)
+def test_gpu_bf16_zero_reduce_scatter_in_float32(comm):
+    """Two GPUs, ZeRO-1 in bf16 (the bfloat16 gradients widened to float32, reduce-scattered with NCCL,
+    the owned part rounded back once): the data-parallel MLP and the split model at 2 x 1 x 1 follow
+    their runs without ZeRO (bucket allreduce in float32) to BF16_GRID; the masters stay identical
+    on both replicas."""
+    from distributed_cases import relative_difference, train_curve
+
+    from apps.train.distributed import replicas_identical
+
+    arch = gpu_arch_or_skip(comm)
+    plain, _, _ = train_curve(comm, 30, global_batch=24, precision="bf16", arch=arch)
+    sharded, sharded_params, _ = train_curve(comm, 30, global_batch=24, precision="bf16", zero=1, arch=arch)
+    assert relative_difference(sharded, plain) <= 2e-2
+    assert replicas_identical(comm, sharded_params)
+    grid = make_grid(comm, 2, 1, 1)
+    split_plain, _, _ = curve(grid, arch=arch)
+    split_sharded, params, runner = curve(grid, zero_stage=1, arch=arch)
+    check_bf16_runner(runner)
+    assert np.all(np.isfinite(params))
+    assert relative(split_sharded, split_plain) <= BF16_GRID, (split_sharded[-3:], split_plain[-3:])
+
+
 def shared_gpu_body():
     import hpcgpu
 
