@@ -13,6 +13,8 @@ Modules, one concept each:
 * :mod:`~apps.train.trainer` -- init/step functions and a one-process loop
 * :mod:`~apps.train.distributed` -- data parallelism: bucketed allreduce during backward
 * :mod:`~apps.train.zero` -- ZeRO-1: sharded optimiser state
+* :mod:`~apps.train.parallel_training` -- the residual MLP on a data x tensor x pipeline grid
+  (:mod:`~apps.train.tensor_parallel`, :mod:`~apps.train.pipeline`), in every precision
 * :mod:`~apps.train.loader` -- per-rank shards of global batches, prefetched
 * :mod:`~apps.train.checkpointing` -- training state through hpcgpu.checkpoint
 * :mod:`~apps.train.app` -- ``python -m apps.train`` (the app contract), :mod:`~apps.train.report` plots

@@ -39,8 +39,8 @@ Precision (``config.precision``): fp32, fp64, fp16 (fp32 masters, dynamic loss s
 (:mod:`apps.train.precision`). The activations, the tensor allreduces and the pipeline messages are
 in the 16-bit compute dtype; bf16's data-parallel gradients are summed in float32 and rounded once
 (MPI staging on CPUs, NCCL float32 staging on GPUs), its tensor allreduce sums float32 copies on CPUs
-and bfloat16 in NCCL (:func:`apps.train.tensor_parallel.allreduce_bfloat16`). On GPUs bf16 with
-``zero_stage=1`` is refused by the app (the reduce-scatter has no bfloat16 staging yet).
+and bfloat16 in NCCL (:func:`apps.train.tensor_parallel.allreduce_bfloat16`); ZeRO-1's
+reduce-scatter of bf16 gradients sums float32 copies too (:mod:`apps.train.zero`).
 
 ZeRO-1 (``zero_stage=1``): the D data replicas of each (tensor, pipeline) position split that rank's
 flat buffer into D contiguous parts (:func:`apps.train.zero.shard_ranges`); step 2 becomes a

@@ -23,8 +23,11 @@ flush to zero and there is NO loss scaling (``loss_scale`` is 1, no step is
 skipped; a non-finite value is a divergence, caught by the run's NaN check as
 in fp32). Gradients are bfloat16 in ``compute_grads``; a data-parallel allreduce
 sums them in float32 (MPI has no bfloat16: they travel as float32 copies and
-the sum is rounded to bfloat16 once); :meth:`BFloat16Precision.grads_to_master`
-casts them to the fp32 ``master_grads`` that the optimiser reads. The bfloat16
+the sum is rounded to bfloat16 once; ZeRO-1's reduce-scatter likewise);
+:meth:`BFloat16Precision.grads_to_master` casts them to the fp32 ``master_grads``
+that the optimiser reads. The split model (:mod:`apps.train.parallel_training`)
+uses the same policy; its tensor allreduces and pipeline messages carry bfloat16
+activations. The bfloat16
 arrays are NumPy arrays of ``ml_dtypes.bfloat16`` on the CPU and, as CuPy has no
 bfloat16 dtype, ``uint16`` CuPy arrays of bit patterns on the GPU (the kernels
 convert them, see :mod:`apps.train._cuda_source`).
