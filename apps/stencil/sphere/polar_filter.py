@@ -23,8 +23,8 @@ numbers whatever the decomposition), and keeps its own columns. The result is bi
 of how longitude is split.
 
 On a GPU (CuPy fields) the same filter runs in :mod:`apps.stencil.sphere.polar_filter_gpu`: on the
-device with ``cupy.fft`` when the rank holds whole circles (row communicator of size 1), else staged
-through the host and the NumPy filter (see there).
+device with cuFFT (persistent buffers and plans: capturable in a CUDA graph) when the rank holds
+whole circles (row communicator of size 1), else staged through the host and the NumPy filter (see there).
 
 Modules: :mod:`apps.stencil.sphere.polar_circles` holds the plan, the gathers and the NumPy filter of
 whole circles; this module is the entry point (:func:`filter_and_combine`): it runs the CPU path

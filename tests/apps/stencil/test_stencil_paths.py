@@ -26,12 +26,3 @@ def checksum(tmp_path, ranks, *args):
 def test_no_overlap_gives_the_overlapped_bits(tmp_path, grid, ranks):
     args = ["--grid", grid, "--nx", "72", "--ny", "36", "--steps", "12"]
     assert checksum(tmp_path, ranks, *args) == checksum(tmp_path, ranks, *args, "--no-overlap")
-
-
-@pytest.mark.gpu
-def test_latlon_refuses_graph_on_a_gpu(tmp_path):
-    command = [sys.executable, "-m", "apps.stencil", "--grid", "latlon", "--nx", "72", "--ny", "36", "--steps", "4",
-               "--backend", "cupy", "--graph", "--quiet", "--output", str(tmp_path / "out")]
-    result = run_mpi(1, command, timeout=120, cwd=str(ROOT))
-    assert result.returncode != 0
-    assert "--graph does not apply to --grid latlon" in result.output
