@@ -74,7 +74,7 @@ def parse_arguments(argv):
                         help="heat3d launch shapes tried, 'default', 'all' or TXxTYxPLANES,... (best in the table)")
     parser.add_argument("--swe-size", default="8192x4096", help="shallow-water NXxNY (0: skip)")
     parser.add_argument("--swe-tiles", default="default",
-                        help="shallow-water kernels: 'default', 'all' or a list of 'simple', TXxTYxTHREADS, marchROWSxAHEAD")
+                        help="shallow-water kernels: 'default', 'all' or a list of 'simple', TXxTYxTHREADS, marchROWSxAHEAD, pairsROWSxAHEAD")
     parser.add_argument("--json", help="write all results as JSON to this path")
     arguments = parser.parse_args(argv)
     arguments.batch += arguments.batch % 2  # ping-pong ends in the starting buffers
@@ -325,8 +325,9 @@ def swe_tiles(dtype, text):
     for item in text.split(","):
         if item == "simple":
             tile = item
-        elif item.startswith("march"):  # marchROWSxAHEAD
-            tile = ("march",) + tuple(int(v) for v in item[len("march"):].split("x"))
+        elif item.startswith(("march", "pairs")):  # marchROWSxAHEAD, pairsROWSxAHEAD
+            kind = item[:5]
+            tile = (kind,) + tuple(int(v) for v in item[len(kind):].split("x"))
         else:
             tile = tuple(int(v) for v in item.split("x"))
         if tile in choices:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from apps.stencil.shallow_water.cuda_march import MARCH_SHAPES, MARCH_SOURCE, march_name
+from apps.stencil.shallow_water.cuda_march import MARCH_SHAPES, MARCH_SOURCE, PAIR_SHAPES, march_name, pairs_name
 
 TILED_SOURCE = r"""
 // The Laplacian of cuda_device.py on a row-major tile in shared memory (row width W), at flat index k.
@@ -204,7 +204,7 @@ def kernel_choices(dtype) -> tuple:
     """Every kernel choice ``uniform_stage_gpu(..., tile=...)`` accepts for ``dtype``."""
     dtype = np.dtype(dtype)
     return (("simple",) + tuple(tile for tile in TILES if _fits_static_shared_memory(dtype, tile))
-            + tuple(("march",) + shape for shape in MARCH_SHAPES))
+            + tuple(("march",) + shape for shape in MARCH_SHAPES) + tuple(("pairs",) + shape for shape in PAIR_SHAPES))
 
 
 def _all_names() -> tuple[str, ...]:
@@ -212,6 +212,7 @@ def _all_names() -> tuple[str, ...]:
     for dtype in _REAL:
         names.extend(tiled_name(dtype, tile) for tile in TILES if _fits_static_shared_memory(dtype, tile))
         names.extend(march_name(dtype, *shape) for shape in MARCH_SHAPES)
+        names.extend(pairs_name(dtype, *shape, aligned) for shape in PAIR_SHAPES for aligned in (True, False))
     return tuple(names)
 
 

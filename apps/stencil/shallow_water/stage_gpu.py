@@ -15,6 +15,11 @@ Per-row metrics (the lat-lon grid) run the warp-marching ``swe_stage_march_rows`
     neighbours come from the adjacent lanes (warp shuffles), y neighbours from the registers of the
     rows above, and the loads of the next row are issued before the current row is computed. Each
     input value is loaded once per warp (32/28 with the rim lanes); no shared memory, no barrier.
+``swe_stage_march_pairs`` (``("pairs", rows, ahead)``, the same module)
+    The march with two adjacent columns per lane (60 of 64 columns written per warp): per column
+    half the shuffles, index arithmetic and load instructions (one 8- or 16-byte load per lane where
+    rows and first column are even). For fp32, where the one-column march is bound by instruction
+    issue (ncu: 80% SM throughput at 50% of DRAM bandwidth, one H200), not by memory.
 ``swe_stage_tiled`` (:mod:`apps.stencil.shallow_water.cuda_uniform`)
     One block owns a tile of ``TX x TY`` cells staged in shared memory (u and v with a two-cell rim
     for the biharmonic term, h with one) and computes every intermediate quantity once per point in
@@ -43,7 +48,7 @@ import functools
 import numpy as np
 
 from apps.stencil.shallow_water.cuda_device import device_module, row_metrics_name, uniform_name
-from apps.stencil.shallow_water.cuda_march import MARCH_SHAPES, march_name
+from apps.stencil.shallow_water.cuda_march import MARCH_SHAPES, PAIR_SHAPES, march_name, pairs_name
 from apps.stencil.shallow_water.cuda_march_rows import (
     DEFAULT_MARCH_ROWS,
     MARCH_ROWS_SHAPES,
@@ -123,13 +128,21 @@ def uniform_stage_gpu(out, base, stage, coriolis_rows, v_face_mask, scalars, reg
         *out, *base, *stage, coriolis_rows, v_face_mask, *scalars,
         np.int32(j0), np.int32(j1), np.int32(i0), np.int32(i1), np.int32(n_columns), np.int32(n_rows),
     )  # fmt: skip
-    if chosen[0] == "march":
-        groups = -(-(i1 - i0) // 28)
+    if chosen[0] in ("march", "pairs"):
+        pairs = chosen[0] == "pairs"
+        groups = -(-(i1 - i0) // (60 if pairs else 28))
         _, rows, ahead = chosen
         if tile is None:
-            rows, ahead = fitted_march_shape((rows, ahead), groups, j1 - j0, MARCH_SHAPES)
+            rows, ahead = fitted_march_shape((rows, ahead), groups, j1 - j0, PAIR_SHAPES if pairs else MARCH_SHAPES)
         grid = (-(-groups // MARCH_WARPS), -(-(j1 - j0) // rows), 1)
-        uniform_module().get_function(march_name(dtype, rows, ahead))(grid, (32 * MARCH_WARPS, 1, 1), args)
+        if pairs:
+            # Vector loads of a lane's two columns need them at an even offset of 8-/16-byte aligned rows.
+            aligned = n_columns % 2 == 0 and i0 % 2 == 0 and all(
+                int(array.data.ptr) % (2 * dtype.itemsize) == 0 for array in (*out, *base, *stage))
+            name = pairs_name(dtype, rows, ahead, aligned)
+        else:
+            name = march_name(dtype, rows, ahead)
+        uniform_module().get_function(name)(grid, (32 * MARCH_WARPS, 1, 1), args)
         return
     if chosen == "simple" or i1 - i0 < chosen[0] or j1 - j0 < chosen[1]:
         device_module().get_function(uniform_name(dtype))(_simple_grid(region), SIMPLE_BLOCK, args)
