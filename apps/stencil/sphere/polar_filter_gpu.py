@@ -19,15 +19,16 @@ fields, in one of two ways:
      product is complex128 for both dtypes; a row of ones where a field is not filtered on that row);
   4. one batched Z2D inverse transform of ``product`` into ``inverse`` (float64); cuFFT's C2R
      overwrites its input, which is fine: ``product`` is rewritten by step 3 before every use;
-  5. ``inverse /= n`` in place (the same ufunc call, with the same Python int, as CuPy's ``irfft``);
-  6. float32 only: the cast ``filtered[...] = inverse`` (CuPy's element-wise copy, as ``astype``);
-  7. one kernel combines ``out = a*base + b*(stage + S(increment))``, taking the raw increment where
-     the field is not filtered (as the CPU does, which copies it through).
+  5. one kernel combines ``out = a*base + b*(stage + S(increment))`` with the filtered value
+     ``(real)(inverse / n)``: CuPy ``irfft``'s normalisation (``out /= n``: true division by the
+     Python int n, in float64) and ``astype``'s cast, per value, instead of two passes over the
+     block; it takes the raw increment where the field is not filtered (as the CPU does, which
+     copies it through).
 
   These are exactly the operations of ``cupy.fft.irfft(cupy.fft.rfft(raw, axis=-1) * factors,
   n=n, axis=-1).astype(dtype)`` in CuPy 14 (the same plan types and batch, the same multiply, the
-  same ``/= n`` normalisation in float64, the same cast), minus its copies and allocations, so the
-  results are bitwise those of that formula (tests/apps/stencil/sphere/test_sphere_graph.py).
+  same division by n in float64, the same cast), minus its copies and allocations, so the results
+  are bitwise those of that formula (tests/apps/stencil/sphere/test_sphere_graph.py).
 * **Rows split across ranks** (longitude decomposed): the increments of the polar rows are copied to
   the host, gathered in the row communicator and filtered by the CPU code
   (:func:`apps.stencil.sphere.polar_circles.filter_circles`, the identical NumPy FFT on identical
@@ -94,6 +95,32 @@ __global__ void polar_combine(
     const real* stage = f == 0 ? h : (f == 1 ? u : v);
     out[k] = a * base[k] + b * (stage[k] + value);
 }
+
+// polar_combine with the filtered value taken from the unnormalised float64 inverse transform:
+// value = (real)(inverse[m] / length), irfft's normalisation (true division in float64) and astype's
+// cast, done here instead of in two passes over the (3, n_rows, n) block.
+template <typename real>
+__global__ void polar_combine_unnormalised(
+    real* out_h, real* out_u, real* out_v,
+    const real* base_h, const real* base_u, const real* base_v,
+    const real* h, const real* u, const real* v,
+    const real* raw, const double* inverse, const double length, const signed char* use_filtered, const int* rows,
+    const real a, const real b, const int n_rows, const int i0, const int n, const int n_columns)
+{
+    const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    const int r = (int)blockIdx.y;
+    const int f = (int)blockIdx.z;
+    if (c >= n) {
+        return;
+    }
+    const long long k = (long long)rows[r] * n_columns + i0 + c;
+    const long long m = ((long long)f * n_rows + r) * n + c;
+    const real value = use_filtered[f * n_rows + r] != 0 ? (real)(inverse[m] / length) : raw[m];
+    real* out = f == 0 ? out_h : (f == 1 ? out_u : out_v);
+    const real* base = f == 0 ? base_h : (f == 1 ? base_u : base_v);
+    const real* stage = f == 0 ? h : (f == 1 ? u : v);
+    out[k] = a * base[k] + b * (stage[k] + value);
+}
 """
 
 _REAL = {np.dtype(np.float64): "double", np.dtype(np.float32): "float"}
@@ -105,7 +132,8 @@ def _module() -> Any:
     """The compiled CuPy RawModule holding the gather and combine kernels for both dtypes (built once)."""
     import cupy
 
-    names = tuple(f"{kernel}<{real}>" for kernel in ("polar_gather", "polar_combine") for real in _REAL.values())
+    names = tuple(f"{kernel}<{real}>" for kernel in ("polar_gather", "polar_combine", "polar_combine_unnormalised")
+                  for real in _REAL.values())
     return cupy.RawModule(code=_SOURCE, options=("--fmad=false",), name_expressions=names)
 
 
@@ -173,9 +201,8 @@ class DeviceFilterWorkspace:
     product : cupy complex128 array, shape (3 * n_rows, n//2 + 1)
         ``spectrum * factors``; the inverse transform's input, overwritten by it (scratch).
     inverse : cupy float64 array, shape (3 * n_rows, n)
-        The inverse transform of ``product``, divided by n in place.
-    filtered : cupy array of the field dtype, shape (3 * n_rows, n)
-        The filtered increments: ``inverse`` itself for float64, its float32 cast otherwise.
+        The inverse transform of ``product``, not yet divided by n: the combine kernel divides and
+        casts each value it reads.
     forward, backward : cupy.cuda.cufft.Plan1d
         Length n, batch 3 * n_rows: R2C (float32) or D2Z (float64); Z2D.
     """
@@ -184,7 +211,6 @@ class DeviceFilterWorkspace:
     spectrum: Any
     product: Any
     inverse: Any
-    filtered: Any
     forward: Any
     backward: Any
 
@@ -210,14 +236,12 @@ def device_workspace(plan: FilterPlan, dtype: Any) -> DeviceFilterWorkspace:
         modes = n // 2 + 1
         complex_dtype = np.complex64 if dtype == np.float32 else np.complex128
         forward_type = cufft.CUFFT_R2C if dtype == np.float32 else cufft.CUFFT_D2Z
-        inverse = cupy.empty((batch, n), dtype=np.float64)
         workspace = DeviceFilterWorkspace(
             raw=cupy.empty((batch, n), dtype=dtype),
             spectrum=cupy.empty((batch, modes), dtype=complex_dtype),
             # The factors are float64: CuPy promotes complex64 * float64 to complex128 (as NumPy does).
             product=cupy.empty((batch, modes), dtype=np.complex128),
-            inverse=inverse,
-            filtered=inverse if dtype == np.float64 else cupy.empty((batch, n), dtype=dtype),
+            inverse=cupy.empty((batch, n), dtype=np.float64),
             forward=cufft.Plan1d(n, forward_type, batch),
             backward=cufft.Plan1d(n, cufft.CUFFT_Z2D, batch),
         )  # fmt: skip
@@ -225,9 +249,10 @@ def device_workspace(plan: FilterPlan, dtype: Any) -> DeviceFilterWorkspace:
     return workspace
 
 
-def _filter_whole_circles(workspace: DeviceFilterWorkspace, factors: Any, n: int) -> None:
-    """``workspace.filtered = irfft(rfft(workspace.raw) * factors, n).astype(dtype)`` row by row, with
-    CuPy 14's arithmetic and no allocation (module docstring, steps 2-6); in place, returns None."""
+def _filter_whole_circles(workspace: DeviceFilterWorkspace, factors: Any) -> None:
+    """``workspace.inverse = n * irfft(rfft(workspace.raw) * factors, n)`` row by row, with CuPy 14's
+    arithmetic and no allocation (module docstring, steps 2-4; the combine kernel does irfft's
+    division by n and astype's cast); in place, returns None."""
     import cupy
     from cupy.cuda import cufft
 
@@ -235,10 +260,6 @@ def _filter_whole_circles(workspace: DeviceFilterWorkspace, factors: Any, n: int
     cupy.multiply(workspace.spectrum, factors, out=workspace.product)
     # Z2D overwrites its input (product): nothing reads product again before step 3 rewrites it.
     workspace.backward.fft(workspace.product, workspace.inverse, cufft.CUFFT_INVERSE)
-    # irfft's normalisation is ``out /= out.shape[-1]``: true division by the Python int n, in float64.
-    cupy.true_divide(workspace.inverse, n, out=workspace.inverse)
-    if workspace.filtered is not workspace.inverse:
-        cupy.copyto(workspace.filtered, workspace.inverse)   # astype's element-wise cast
 
 
 def filter_and_combine_gpu(
@@ -272,11 +293,16 @@ def filter_and_combine_gpu(
         # synchronisation); NumPy's order of operations: the forward transform in the field dtype,
         # the product with the float64 factors, the inverse transform, then the cast to the field dtype.
         workspace = device_workspace(plan, dtype)
-        raw = workspace.raw
-        gather_kernel(grid, (_THREADS,), (raw, *increment, tables.rows, *sizes))
-        _filter_whole_circles(workspace, tables.factors, n)
-        filtered = workspace.filtered
-        use_filtered = tables.use_filtered
+        gather_kernel(grid, (_THREADS,), (workspace.raw, *increment, tables.rows, *sizes))
+        _filter_whole_circles(workspace, tables.factors)
+        # irfft's normalisation ``out /= n`` (true division by the Python int n, in float64) and the
+        # cast to the field dtype happen per value in the combine kernel: the same bits, one pass.
+        module.get_function(f"polar_combine_unnormalised<{_REAL[dtype]}>")(
+            grid, (_THREADS,),
+            (*out, *base, *stage, workspace.raw, workspace.inverse, np.float64(n), tables.use_filtered, tables.rows,
+             real(a), real(b), *sizes),
+        )  # fmt: skip
+        return
     else:
         # (3, n_filtered_rows, n): the raw increments dt*L of the polar rows' owned columns.
         raw = cupy.empty((3, n_rows, n), dtype=dtype)
