@@ -80,10 +80,12 @@ class SnapshotFile:
             else:
                 problem = self._open(model, restarted)
         # Rank 0 alone sees the file: every rank raises its verdict together, before any gather.
-        problem = self.comm.broadcast(problem)
+        problem, writing = self.comm.broadcast((problem, self.file is not None))
         if problem is not None:
             self.close()
             raise ConfigurationError(problem)
+        #: False when no file is written (h5netcdf missing): every rank then skips the gathers too.
+        self.writing = writing
 
     # ------------------------------------------------------------------ what a subclass defines
     def configuration(self, model) -> dict:
@@ -160,7 +162,9 @@ class SnapshotFile:
 
     # ------------------------------------------------------------------ writing
     def write(self, model) -> None:
-        """Collective: append the current state as one time record."""
+        """Collective: append the current state as one time record (nothing, on every rank, when no file is written)."""
+        if not self.writing:
+            return
         fields = self.centred_fields(model)
         if self.file is None:
             return
