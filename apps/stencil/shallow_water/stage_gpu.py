@@ -64,11 +64,12 @@ SIMPLE_BLOCK = (32, 8, 1)
 MARCH_WARPS = 4
 """Warps per block of the warp-marching kernel (each owns 28 columns)."""
 
-DEFAULT_TILE = {np.dtype(np.float64): ("march", 16, 2), np.dtype(np.float32): ("march", 32, 1)}
-"""The kernel each dtype uses unless ``uniform_stage_gpu(..., tile=...)`` says otherwise: the fastest measured
-at 8192 x 4096 on one H200 (``benchmarks/stencil_kernels.py --swe-tiles all``). fp64 needs two rows
-in flight (about 120 registers, 16 warps per SM); fp32 runs 64 warps per SM and one row is enough.
-Small regions march fewer rows per warp (:func:`fitted_march_shape`)."""
+DEFAULT_TILE = {np.dtype(np.float64): ("march", 16, 2), np.dtype(np.float32): ("pairs", 32, 1)}
+"""The kernel each dtype uses unless ``uniform_stage_gpu(..., tile=...)`` says otherwise (at 8192 x 4096
+on one H200, ``benchmarks/stencil_kernels.py --swe-tiles all``). fp64: the one-column march, two rows
+in flight (about 120 registers, 16 warps per SM). fp32: the two-columns-per-lane march, one row
+ahead (the one-column march is bound by instruction issue in fp32). Small regions march fewer rows
+per warp (:func:`fitted_march_shape`)."""
 
 
 WARPS_PER_SM = 8
