@@ -216,9 +216,13 @@ def _datasets(path):
     import h5py
 
     found = {}
+
+    def collect(name, item):   # returns None: a value would stop visititems
+        if isinstance(item, h5py.Dataset):
+            found[name] = item[()].tobytes()
+
     with h5py.File(path, "r") as f:
-        f.visititems(lambda name, item: found.setdefault(name, item[()].tobytes())
-                     if isinstance(item, h5py.Dataset) else None)
+        f.visititems(collect)
     assert any(name.endswith("h") for name in found), sorted(found)
     return found
 
