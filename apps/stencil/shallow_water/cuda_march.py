@@ -68,25 +68,32 @@ template <typename real> struct Vector2;
 template <> struct Vector2<float> { typedef float2 type; };
 template <> struct Vector2<double> { typedef double2 type; };
 
-// Row j of a at the lane's column(s) (column = its first one), 0 outside the array.
+// Where a lane reads: its first column clamped into the array (``column``), and which of its
+// columns lie inside it. Computed once per thread; every load of the march reuses it.
+struct LaneColumns {
+    long long column;
+    bool first_in, second_in;
+};
+
+// Row j of a at the lane's column(s), 0 outside the array.
 template <typename real, bool ALIGNED>
-__device__ __forceinline__ real load_or_zero(const real* __restrict__ a, int j, int n_rows, int i, int n_columns, long long nx, real)
+__device__ __forceinline__ real load_or_zero(const real* __restrict__ a, int j, int n_rows, const LaneColumns& c, long long nx, real)
 {
-    return (i >= 0 && i < n_columns && j >= 0 && j < n_rows) ? a[(long long)j * nx + i] : (real)0;
+    return (c.first_in && j >= 0 && j < n_rows) ? a[(long long)j * nx + c.column] : (real)0;
 }
 
 template <typename real, bool ALIGNED>
-__device__ __forceinline__ Pair<real> load_or_zero(const real* __restrict__ a, int j, int n_rows, int i, int n_columns, long long nx, Pair<real>)
+__device__ __forceinline__ Pair<real> load_or_zero(const real* __restrict__ a, int j, int n_rows, const LaneColumns& c, long long nx, Pair<real>)
 {
     if (j < 0 || j >= n_rows) {
         return Pair<real>((real)0);
     }
-    const real* row = a + (long long)j * nx;
-    if (ALIGNED && i >= 0 && i + 1 < n_columns) {
-        const typename Vector2<real>::type value = *reinterpret_cast<const typename Vector2<real>::type*>(row + i);
+    const real* row = a + (long long)j * nx + c.column;
+    if (ALIGNED && c.first_in && c.second_in) {
+        const typename Vector2<real>::type value = *reinterpret_cast<const typename Vector2<real>::type*>(row);
         return Pair<real>(value.x, value.y);
     }
-    return Pair<real>((i >= 0 && i < n_columns) ? row[i] : (real)0, (i + 1 >= 0 && i + 1 < n_columns) ? row[i + 1] : (real)0);
+    return Pair<real>(c.first_in ? row[0] : (real)0, c.second_in ? row[1] : (real)0);
 }
 
 // Store the columns of the lane whose flag (first, second) is set.
@@ -135,38 +142,42 @@ __device__ __forceinline__ void march_rows(
     const bool writes = W * lane_index >= 2 && W * lane_index < 32 * W - 2 && i < i1;
     const bool writes_second = W == 2 && W * lane_index + 1 < 32 * W - 2 && W * lane_index + 1 >= 2 && i + 1 < i1;
     const long long nx = n_columns;
+    // The first column clamped to 0 when it lies outside (lane 0 of the first warp with a region at
+    // column 1); a lane's second column is then column + 1 = i + 1 (i = -1) or outside too.
+    const LaneColumns columns{(i >= 0 && i < n_columns) ? (long long)i : (i + 1 == 0 ? -1LL : 0LL),
+                              i >= 0 && i < n_columns, W == 2 && i + 1 >= 0 && i + 1 < n_columns};
     const bool laplacian_needed = viscosity != (real)0 || hyperviscosity != (real)0;
     const lane zero((real)0);
 
     // Prologue: the rows above jb.
-    lane u_m2 = load_or_zero<real, ALIGNED>(u, jb - 2, n_rows, i, n_columns, nx, zero);
-    lane u_m1 = load_or_zero<real, ALIGNED>(u, jb - 1, n_rows, i, n_columns, nx, zero);
-    lane u_0 = load_or_zero<real, ALIGNED>(u, jb, n_rows, i, n_columns, nx, zero);
-    lane u_p1 = load_or_zero<real, ALIGNED>(u, jb + 1, n_rows, i, n_columns, nx, zero);
-    lane v_m2 = load_or_zero<real, ALIGNED>(v, jb - 2, n_rows, i, n_columns, nx, zero);
-    lane v_m1 = load_or_zero<real, ALIGNED>(v, jb - 1, n_rows, i, n_columns, nx, zero);
-    lane v_0 = load_or_zero<real, ALIGNED>(v, jb, n_rows, i, n_columns, nx, zero);
-    lane v_p1 = load_or_zero<real, ALIGNED>(v, jb + 1, n_rows, i, n_columns, nx, zero);
-    const lane h_m1 = load_or_zero<real, ALIGNED>(h, jb - 1, n_rows, i, n_columns, nx, zero);
-    lane h_0 = load_or_zero<real, ALIGNED>(h, jb, n_rows, i, n_columns, nx, zero);
+    lane u_m2 = load_or_zero<real, ALIGNED>(u, jb - 2, n_rows, columns, nx, zero);
+    lane u_m1 = load_or_zero<real, ALIGNED>(u, jb - 1, n_rows, columns, nx, zero);
+    lane u_0 = load_or_zero<real, ALIGNED>(u, jb, n_rows, columns, nx, zero);
+    lane u_p1 = load_or_zero<real, ALIGNED>(u, jb + 1, n_rows, columns, nx, zero);
+    lane v_m2 = load_or_zero<real, ALIGNED>(v, jb - 2, n_rows, columns, nx, zero);
+    lane v_m1 = load_or_zero<real, ALIGNED>(v, jb - 1, n_rows, columns, nx, zero);
+    lane v_0 = load_or_zero<real, ALIGNED>(v, jb, n_rows, columns, nx, zero);
+    lane v_p1 = load_or_zero<real, ALIGNED>(v, jb + 1, n_rows, columns, nx, zero);
+    const lane h_m1 = load_or_zero<real, ALIGNED>(h, jb - 1, n_rows, columns, nx, zero);
+    lane h_0 = load_or_zero<real, ALIGNED>(h, jb, n_rows, columns, nx, zero);
     // Row j + 2 of u, v and row j + 1 of h for the first step, and base at jb.
-    lane u_p2 = load_or_zero<real, ALIGNED>(u, jb + 2, n_rows, i, n_columns, nx, zero);
-    lane v_p2 = load_or_zero<real, ALIGNED>(v, jb + 2, n_rows, i, n_columns, nx, zero);
-    lane h_p1 = load_or_zero<real, ALIGNED>(h, jb + 1, n_rows, i, n_columns, nx, zero);
-    lane base_h_0 = load_or_zero<real, ALIGNED>(base_h, jb, n_rows, i, n_columns, nx, zero);
-    lane base_u_0 = load_or_zero<real, ALIGNED>(base_u, jb, n_rows, i, n_columns, nx, zero);
-    lane base_v_0 = load_or_zero<real, ALIGNED>(base_v, jb, n_rows, i, n_columns, nx, zero);
+    lane u_p2 = load_or_zero<real, ALIGNED>(u, jb + 2, n_rows, columns, nx, zero);
+    lane v_p2 = load_or_zero<real, ALIGNED>(v, jb + 2, n_rows, columns, nx, zero);
+    lane h_p1 = load_or_zero<real, ALIGNED>(h, jb + 1, n_rows, columns, nx, zero);
+    lane base_h_0 = load_or_zero<real, ALIGNED>(base_h, jb, n_rows, columns, nx, zero);
+    lane base_u_0 = load_or_zero<real, ALIGNED>(base_u, jb, n_rows, columns, nx, zero);
+    lane base_v_0 = load_or_zero<real, ALIGNED>(base_v, jb, n_rows, columns, nx, zero);
     // The rows loaded ahead (AHEAD steps in flight): at the top of step j, slot s < AHEAD - 1 holds
     // u, v at row j + 3 + s, h at row j + 2 + s and base at row j + 1 + s; each step loads the last slot.
     lane u_ahead[AHEAD], v_ahead[AHEAD], h_ahead[AHEAD], base_h_ahead[AHEAD], base_u_ahead[AHEAD], base_v_ahead[AHEAD];
 #pragma unroll
     for (int slot = 0; slot < AHEAD - 1; ++slot) {
-        u_ahead[slot] = load_or_zero<real, ALIGNED>(u, jb + 3 + slot, n_rows, i, n_columns, nx, zero);
-        v_ahead[slot] = load_or_zero<real, ALIGNED>(v, jb + 3 + slot, n_rows, i, n_columns, nx, zero);
-        h_ahead[slot] = load_or_zero<real, ALIGNED>(h, jb + 2 + slot, n_rows, i, n_columns, nx, zero);
-        base_h_ahead[slot] = load_or_zero<real, ALIGNED>(base_h, jb + 1 + slot, n_rows, i, n_columns, nx, zero);
-        base_u_ahead[slot] = load_or_zero<real, ALIGNED>(base_u, jb + 1 + slot, n_rows, i, n_columns, nx, zero);
-        base_v_ahead[slot] = load_or_zero<real, ALIGNED>(base_v, jb + 1 + slot, n_rows, i, n_columns, nx, zero);
+        u_ahead[slot] = load_or_zero<real, ALIGNED>(u, jb + 3 + slot, n_rows, columns, nx, zero);
+        v_ahead[slot] = load_or_zero<real, ALIGNED>(v, jb + 3 + slot, n_rows, columns, nx, zero);
+        h_ahead[slot] = load_or_zero<real, ALIGNED>(h, jb + 2 + slot, n_rows, columns, nx, zero);
+        base_h_ahead[slot] = load_or_zero<real, ALIGNED>(base_h, jb + 1 + slot, n_rows, columns, nx, zero);
+        base_u_ahead[slot] = load_or_zero<real, ALIGNED>(base_u, jb + 1 + slot, n_rows, columns, nx, zero);
+        base_v_ahead[slot] = load_or_zero<real, ALIGNED>(base_v, jb + 1 + slot, n_rows, columns, nx, zero);
     }
 
     const lane u_m1_west = from_west(u_m1), u_m1_east = from_east(u_m1);
@@ -201,12 +212,12 @@ __device__ __forceinline__ void march_rows(
 
     for (int j = jb; j < je; ++j) {
         // Loads for AHEAD steps later first: their latency hides behind the arithmetic of the steps between.
-        u_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(u, j + 2 + AHEAD, n_rows, i, n_columns, nx, zero);
-        v_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(v, j + 2 + AHEAD, n_rows, i, n_columns, nx, zero);
-        h_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(h, j + 1 + AHEAD, n_rows, i, n_columns, nx, zero);
-        base_h_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(base_h, j + AHEAD, n_rows, i, n_columns, nx, zero);
-        base_u_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(base_u, j + AHEAD, n_rows, i, n_columns, nx, zero);
-        base_v_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(base_v, j + AHEAD, n_rows, i, n_columns, nx, zero);
+        u_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(u, j + 2 + AHEAD, n_rows, columns, nx, zero);
+        v_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(v, j + 2 + AHEAD, n_rows, columns, nx, zero);
+        h_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(h, j + 1 + AHEAD, n_rows, columns, nx, zero);
+        base_h_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(base_h, j + AHEAD, n_rows, columns, nx, zero);
+        base_u_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(base_u, j + AHEAD, n_rows, columns, nx, zero);
+        base_v_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(base_v, j + AHEAD, n_rows, columns, nx, zero);
 
         // Row j + 1: Laplacians, V, q; row j: U, B.
         const lane u_p1_west = from_west(u_p1), u_p1_east = from_east(u_p1);
