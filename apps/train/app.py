@@ -113,8 +113,8 @@ def build_parser(rank: int = 0):
                             "before the last [1]")
     optim.add_argument("--precision", choices=PRECISIONS, default="fp32",
                        help="fp16: mixed precision (fp32 masters, dynamic loss scaling); bf16: mixed precision "
-                            "(fp32 masters, no loss scaling); both with every --model and any --tensor-parallel / "
-                            "--pipeline-parallel grid (activations, tensor allreduces and pipeline messages in "
+                            "(fp32 masters, no loss scaling; on GPUs not with --model cnn or --allreduce peer); both "
+                            "with any --tensor-parallel / --pipeline-parallel grid (activations, tensor allreduces and pipeline messages in "
                             "16 bits; data-parallel gradients summed in fp32 for bf16); fp64 for testing [fp32]")
     optim.add_argument("--loss-scale", type=float, default=2.0**16, help="fp16: initial loss scale [65536]")
     par = parser.add_argument_group("parallelism")
