@@ -178,9 +178,12 @@ class GhostMap:
     def compose(cls, arrays: Sequence[Any], symbols: Sequence[SymbolicBuffer], stride: int) -> "GhostMap | None":
         """The map of the fill whose symbolic result is ``symbols`` (one per array, in order), or None.
 
-        None when the map would read a cell it writes, read an undefined value, or negate values of
-        a dtype that is not floating point (the caller then runs its sequence of copies instead).
+        None when the map would read a cell it writes, read an undefined value, negate values of a
+        dtype that is not floating point, or address an array that is not C-contiguous (flat indices
+        and pointers assume it): the caller then runs its sequence of copies instead.
         """
+        if not all(a.flags.c_contiguous for a in arrays):
+            return None
         dtype = np.dtype(arrays[0].dtype)
         parts = {"destination": [], "source": [], "kind": [], "constant": []}
         for index, symbol in enumerate(symbols):

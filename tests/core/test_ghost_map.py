@@ -76,6 +76,16 @@ def test_a_fill_that_reads_what_it_writes_is_not_composed():
     assert ghost_map.arrays[0].tolist() == [-2.0, 2.0, 3.0, 2.0]
 
 
+def test_a_strided_view_is_filled_one_by_one_not_through_a_flat_copy():
+    """A fill of a non-contiguous view (a flat index would address a copy of it) runs slice by slice."""
+    parent = np.arange(8 * 14, dtype=np.float64).reshape(8, 14)
+    view = parent[:, ::2]
+    fill = BoundaryFill([view], [(1, 1)], [BoundaryConditions.on_axis(0, Mirror(-1))], {(0, LOWER), (0, UPPER)})
+    assert fill.ghost_map is None
+    fill.apply()
+    assert np.array_equal(parent[0, ::2], -parent[1, ::2]) and np.array_equal(parent[7, ::2], -parent[6, ::2])
+
+
 def test_integer_fields_compose_copies_but_not_negations():
     arrays = [np.arange(30, dtype=np.int64).reshape(5, 6)]
     even = BoundaryFill(arrays, [(1, 1)], [BoundaryConditions.on_axis(0, Mirror(+1))], {(0, LOWER), (0, UPPER)})
