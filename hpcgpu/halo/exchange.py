@@ -274,7 +274,10 @@ class HaloExchange:
 
     def run(self) -> None:
         """Exchange and wait (boundary conditions included)."""
-        self.start().wait()
+        if self.local_map is not None:
+            PendingExchange(self._start_local(), local=True).wait()
+            return
+        PendingExchange(self.transport.start(self), self.boundary_fill or None, self.arch).wait()
 
 
 class _StreamHandoff:
