@@ -43,7 +43,7 @@ from hpcgpu.halo.ghost_map import GhostMap, SymbolicBuffer
 from hpcgpu.halo.packing import indexed_copy
 from hpcgpu.halo.regions import directions, flat_indices, is_contiguous, region_slices
 from hpcgpu.transport import default_transport
-from hpcgpu.transport.events import ExchangeTransportState, exchange_event
+from hpcgpu.transport.events import EventHandle, ExchangeTransportState, exchange_event
 
 _TAG_STRIDE = 27  # 3**3 - 1 directions at most in 3D, plus one spare
 _serials = itertools.count()
@@ -261,7 +261,7 @@ class HaloExchange:
         return PendingExchange(self.transport.start(self), self.boundary_fill or None, self.arch)
 
     def _start_local(self):
-        """Apply :attr:`local_map`; on GPUs ordered like a transport (see :class:`_StreamHandoff`)."""
+        """Apply :attr:`local_map`; on GPUs ordered like a transport (:class:`~hpcgpu.transport.events.EventHandle`)."""
         if not self.arch.is_gpu:
             self.local_map.apply()
             return None
@@ -270,7 +270,7 @@ class HaloExchange:
         stream.wait_event(exchange_event(self, "ready", arch.compute_stream))
         with arch.on_stream(stream):
             self.local_map.apply()
-        return _StreamHandoff(arch.compute_stream, exchange_event(self, "done", stream))
+        return EventHandle(arch.compute_stream, exchange_event(self, "done", stream))
 
     def run(self) -> None:
         """Exchange and wait (boundary conditions included)."""
@@ -278,18 +278,6 @@ class HaloExchange:
             PendingExchange(self._start_local(), local=True).wait()
             return
         PendingExchange(self.transport.start(self), self.boundary_fill or None, self.arch).wait()
-
-
-class _StreamHandoff:
-    """The compute stream's side of work queued on the communication stream: ``wait()`` orders it after ``event``."""
-
-    __slots__ = ("compute_stream", "event")
-
-    def __init__(self, compute_stream, event):
-        self.compute_stream, self.event = compute_stream, event
-
-    def wait(self) -> None:
-        self.compute_stream.wait_event(self.event)
 
 
 class PendingExchange:

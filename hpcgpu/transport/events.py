@@ -49,3 +49,16 @@ def exchange_event(exchange, name: str, stream):
         event = events[name] = cupy.cuda.Event(block=False, disable_timing=True)
     event.record(stream)
     return event
+
+
+class EventHandle:
+    """The compute stream's side of work queued on the communication stream: ``wait()`` makes
+    ``compute_stream`` wait for ``done_event`` (no host synchronisation)."""
+
+    __slots__ = ("compute_stream", "done_event")
+
+    def __init__(self, compute_stream, done_event):
+        self.compute_stream, self.done_event = compute_stream, done_event
+
+    def wait(self) -> None:
+        self.compute_stream.wait_event(self.done_event)

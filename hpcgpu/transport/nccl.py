@@ -24,7 +24,7 @@ import numpy as np
 
 from hpcgpu.errors import BackendError
 from hpcgpu.runtime.capture import capture_graph
-from hpcgpu.transport.events import exchange_event
+from hpcgpu.transport.events import EventHandle, exchange_event
 
 
 def nccl_available() -> bool:
@@ -186,16 +186,6 @@ def has_nccl_communicator(comm) -> bool:
     return comm.job_transport.nccl_communicator is not None
 
 
-class _EventHandle:
-    __slots__ = ("compute_stream", "done_event")
-
-    def __init__(self, compute_stream, done_event):
-        self.compute_stream, self.done_event = compute_stream, done_event
-
-    def wait(self) -> None:
-        self.compute_stream.wait_event(self.done_event)
-
-
 class NcclTransport:
     """Halo exchange with NCCL send/recv on the communication stream."""
 
@@ -239,7 +229,7 @@ class NcclTransport:
         # The first exchange runs eagerly, so NCCL connects its peers and CuPy compiles its kernels
         # outside of any graph capture; later ones replay the captured graph.
         state.graph_warm = True
-        return _EventHandle(arch.compute_stream, exchange_event(exchange, "done", stream))
+        return EventHandle(arch.compute_stream, exchange_event(exchange, "done", stream))
 
 
 _NCCL_OPS = {"sum": "NCCL_SUM", "max": "NCCL_MAX", "min": "NCCL_MIN"}
