@@ -5,7 +5,7 @@ former ``stage_cuda`` module) or two adjacent ones (``swe_stage_march_pairs``: h
 index arithmetic and load instructions per column, 60 of 64 columns written per warp instead of 28
 of 32; for fp32, where the one-column kernel is bound by instruction issue, not memory). The
 arithmetic is per column and in the same order, so both give the same bits. Compiled together with the tiled
-kernel by :func:`apps.stencil.shallow_water.cuda_uniform.uniform_module` (``--fmad=false``) and
+kernel by :func:`apps.stencil.shallow_water.cuda_uniform.uniform_kernel` (``--fmad=false``) and
 launched by :mod:`apps.stencil.shallow_water.stage_gpu`, which describes it.
 """
 

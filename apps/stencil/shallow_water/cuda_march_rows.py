@@ -217,12 +217,15 @@ def march_rows_name(dtype: Any, rows: int, ahead: int) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def march_rows_module() -> Any:
-    """The compiled CuPy RawModule of every shape for float64 and float32 (built once per process)."""
+def march_rows_kernel(dtype: Any, rows: int, ahead: int) -> Any:
+    """The compiled kernel for ``dtype`` and shape (rows, ahead), built on first use (one instantiation
+    per NVRTC compilation, ``--fmad=false``)."""
     import cupy
 
-    names = tuple(march_rows_name(dtype, rows, ahead) for dtype in _REAL for rows, ahead in MARCH_ROWS_SHAPES)
-    return cupy.RawModule(code=MARCH_ROWS_SOURCE, options=("--fmad=false",), name_expressions=names)
+    if (rows, ahead) not in MARCH_ROWS_SHAPES:
+        raise ValueError(f"(rows, ahead) must be one of {MARCH_ROWS_SHAPES}; found {(rows, ahead)}")
+    name = march_rows_name(dtype, rows, ahead)
+    return cupy.RawModule(code=MARCH_ROWS_SOURCE, options=("--fmad=false",), name_expressions=(name,)).get_function(name)
 
 
 def march_rows_launch(region, shape: tuple[int, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -233,4 +236,4 @@ def march_rows_launch(region, shape: tuple[int, int]) -> tuple[tuple[int, int, i
 
 
 __all__ = ["DEFAULT_MARCH_ROWS", "MARCH_ROWS_SHAPES", "MARCH_ROWS_SOURCE", "march_rows_launch",
-           "march_rows_module", "march_rows_name"]
+           "march_rows_kernel", "march_rows_name"]

@@ -207,6 +207,7 @@ def kernel_choices(dtype) -> tuple:
             + tuple(("march",) + shape for shape in MARCH_SHAPES) + tuple(("pairs",) + shape for shape in PAIR_SHAPES))
 
 
+@functools.lru_cache(maxsize=None)
 def _all_names() -> tuple[str, ...]:
     names = []
     for dtype in _REAL:
@@ -222,8 +223,15 @@ def cuda_source() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def uniform_module() -> Any:
-    """The compiled CuPy RawModule holding every tiled and marching instantiation (built once per process)."""
+def uniform_kernel(name: str) -> Any:
+    """The compiled kernel ``name`` (a name expression of :func:`_all_names`), built on first use.
+
+    One instantiation per NVRTC compilation: a run compiles the one or two kernels it launches, not
+    the ~45 instantiations of every shape and dtype (tens of seconds on a machine whose CuPy kernel
+    cache is empty). Compiled with ``--fmad=false``."""
     import cupy
 
-    return cupy.RawModule(code=cuda_source(), options=("--fmad=false",), name_expressions=_all_names())
+    if name not in _all_names():
+        raise ValueError(f"unknown uniform-grid kernel {name!r}")
+    module = cupy.RawModule(code=cuda_source(), options=("--fmad=false",), name_expressions=(name,))
+    return module.get_function(name)

@@ -53,10 +53,9 @@ from apps.stencil.shallow_water.cuda_march_rows import (
     DEFAULT_MARCH_ROWS,
     MARCH_ROWS_SHAPES,
     march_rows_launch,
-    march_rows_module,
-    march_rows_name,
+    march_rows_kernel,
 )
-from apps.stencil.shallow_water.cuda_uniform import kernel_choices, tiled_name, uniform_module
+from apps.stencil.shallow_water.cuda_uniform import kernel_choices, tiled_name, uniform_kernel
 
 SIMPLE_BLOCK = (32, 8, 1)
 """Block of the one-thread-per-cell kernels: 32 threads along x (contiguous in memory, coalesced loads), 8 rows."""
@@ -143,14 +142,14 @@ def uniform_stage_gpu(out, base, stage, coriolis_rows, v_face_mask, scalars, reg
             name = pairs_name(dtype, rows, ahead, aligned)
         else:
             name = march_name(dtype, rows, ahead)
-        uniform_module().get_function(name)(grid, (32 * MARCH_WARPS, 1, 1), args)
+        uniform_kernel(name)(grid, (32 * MARCH_WARPS, 1, 1), args)
         return
     if chosen == "simple" or i1 - i0 < chosen[0] or j1 - j0 < chosen[1]:
         device_module().get_function(uniform_name(dtype))(_simple_grid(region), SIMPLE_BLOCK, args)
         return
     tx, ty, threads = chosen
     grid = (-(-(i1 - i0) // tx), -(-(j1 - j0) // ty), 1)
-    uniform_module().get_function(tiled_name(dtype, chosen))(grid, (tx, threads // tx, 1), args)
+    uniform_kernel(tiled_name(dtype, chosen))(grid, (tx, threads // tx, 1), args)
 
 
 ROW_METRICS_KERNEL = {"name": "march"}
@@ -176,7 +175,7 @@ def row_metrics_stage_gpu(*args, kernel: str | None = None) -> None:
         shape = fitted_march_shape(DEFAULT_MARCH_ROWS[np.dtype(out_h.dtype)], -(-(i1 - i0) // 30), j1 - j0,
                                    MARCH_ROWS_SHAPES)
         grid, block = march_rows_launch(region, shape)
-        function = march_rows_module().get_function(march_rows_name(out_h.dtype, *shape))
+        function = march_rows_kernel(out_h.dtype, *shape)
         function(grid, block, (*args[:-4], *bounds, np.int32(out_h.shape[1]), np.int32(out_h.shape[0])))
         return
     if chosen != "simple":

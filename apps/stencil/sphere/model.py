@@ -146,7 +146,9 @@ class LatLonModel(ShallowWaterModel):
     def prepare(self) -> None:
         """GPU with whole circles: build the polar filter's persistent buffers and cuFFT plans and load
         its kernels (one filter pass into scratch arrays), so that neither happens inside the timed loop
-        or a CUDA graph capture (a run restarted from a checkpoint captures its first window at once)."""
+        or a CUDA graph capture (a run restarted from a checkpoint captures its first window at once);
+        the stage kernels first (:meth:`ShallowWaterModel.prepare`)."""
+        super().prepare()
         if not self.arch.is_gpu or self.gather is not local_gather or not self.plan.rows:
             return
         scratch = [self.arch.zeros(f.data.shape, dtype=self.dtype) for f in self.state]
