@@ -53,6 +53,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from apps.stencil.sphere.polar_circles import FilterPlan, filter_circles, local_gather
+from apps.stencil.sphere.polar_fft_gpu import fused_filter_and_combine, fused_filter_supports
+
+DEVICE_FILTER = {"method": "fused"}
+"""How whole circles are filtered on the device: ``"fused"`` (the default; one kernel,
+:mod:`apps.stencil.sphere.polar_fft_gpu`, for circle lengths it supports, else cuFFT) or
+``"cufft"`` (always the five-step cuFFT path below). They agree to float64 rounding, not bitwise."""
 
 _SOURCE = r"""
 // values[f][r][c] = increment_f[rows[r]][i0 + c]: the polar rows' increments of h, u, v in one block
@@ -292,6 +298,9 @@ def filter_and_combine_gpu(
         # Every (field, row) in one batch, in persistent buffers (capturable: no allocation, no host
         # synchronisation); NumPy's order of operations: the forward transform in the field dtype,
         # the product with the float64 factors, the inverse transform, then the cast to the field dtype.
+        if DEVICE_FILTER["method"] == "fused" and fused_filter_supports(n):
+            fused_filter_and_combine(out, base, stage, increment, a, b, plan, tables)
+            return
         workspace = device_workspace(plan, dtype)
         gather_kernel(grid, (_THREADS,), (workspace.raw, *increment, tables.rows, *sizes))
         _filter_whole_circles(workspace, tables.factors)
@@ -319,4 +328,4 @@ def filter_and_combine_gpu(
     )  # fmt: skip
 
 
-__all__ = ["DeviceFilterTables", "DeviceFilterWorkspace", "device_tables", "device_workspace", "filter_and_combine_gpu"]
+__all__ = ["DEVICE_FILTER", "DeviceFilterTables", "DeviceFilterWorkspace", "device_tables", "device_workspace", "filter_and_combine_gpu"]

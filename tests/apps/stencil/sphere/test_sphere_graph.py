@@ -5,9 +5,9 @@ must not contain (history entries, snapshots). GPU tests (``gpu`` marker) on the
 
     python -m pytest tests/apps/stencil/sphere/test_sphere_graph.py -m gpu -q
 
-check that the persistent-buffer filter gives bitwise the result of the formula it replaced
+check that the persistent-buffer cuFFT filter gives bitwise the result of the formula it replaced
 (``cupy.fft.irfft(cupy.fft.rfft(raw) * factors).astype(dtype)``, kept here as the reference), that
-it replays as a CUDA graph, and that ``--grid latlon`` with graphs gives the eager run's bits.
+the filter (the fused kernel at these lengths) replays as a CUDA graph, and that ``--grid latlon`` with graphs gives the eager run's bits.
 """
 
 import contextlib
@@ -125,10 +125,13 @@ def _random_fields(rng, shape, dtype, scale=1.0):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("nx, ny", [(48, 24), (45, 22)])
-def test_persistent_filter_is_bitwise_the_old_formula(cupy, dtype, nx, ny):
-    """The persistent buffers and plans give the bits of rfft * factors -> irfft -> astype, call after call."""
+def test_persistent_filter_is_bitwise_the_old_formula(cupy, monkeypatch, dtype, nx, ny):
+    """The cuFFT path's persistent buffers and plans give the bits of rfft * factors -> irfft -> astype,
+    call after call (the path of circle lengths the fused kernel does not take, forced here)."""
     from apps.stencil.sphere import SphereParameters, local_gather, make_filter_plan
-    from apps.stencil.sphere.polar_filter_gpu import device_workspace, filter_and_combine_gpu
+    from apps.stencil.sphere.polar_filter_gpu import DEVICE_FILTER, device_workspace, filter_and_combine_gpu
+
+    monkeypatch.setitem(DEVICE_FILTER, "method", "cufft")
 
     p = SphereParameters(nx=nx, ny=ny, filter_latitude=math.radians(45.0))
     plan = make_filter_plan(p, 0, p.ny, 0, p.nx)
@@ -153,11 +156,14 @@ def test_persistent_filter_is_bitwise_the_old_formula(cupy, dtype, nx, ny):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_filter_replays_as_a_cuda_graph(cupy, dtype):
+@pytest.mark.parametrize("method", ["fused", "cufft"])
+def test_filter_replays_as_a_cuda_graph(cupy, monkeypatch, dtype, method):
     """One stage's filter captured on a stream and replayed on new increments: the eager bits."""
     from apps.stencil.sphere import SphereParameters, local_gather, make_filter_plan
-    from apps.stencil.sphere.polar_filter_gpu import filter_and_combine_gpu
+    from apps.stencil.sphere.polar_filter_gpu import DEVICE_FILTER, filter_and_combine_gpu
     from hpcgpu.runtime.capture import capture_graph
+
+    monkeypatch.setitem(DEVICE_FILTER, "method", method)
 
     p = SphereParameters(nx=64, ny=32, filter_latitude=math.radians(50.0))
     plan = make_filter_plan(p, 0, p.ny, 0, p.nx)
