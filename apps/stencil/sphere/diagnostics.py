@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from apps.stencil.sphere.diagnostics_gpu import local_diagnostics_gpu
 from apps.stencil.sphere.parameters import SphereTile
 from hpcgpu.arch import array_module, is_device_array
 
@@ -40,8 +41,18 @@ def cell_areas(params: SphereTile) -> np.ndarray:
 def local_diagnostics(h, u, v, params: SphereTile) -> dict:
     """Local sums of :data:`DIAGNOSTIC_NAMES` over owned cells (ghosts filled); Python floats.
 
-    ``h, u, v`` and the tile arrays are NumPy or CuPy (then summed on the device, in float64).
+    ``h, u, v`` (padded, shape (n_rows + 2w, n_columns + 2w)) and the tile arrays are NumPy, or CuPy:
+    then one fused kernel and three device sums in float64
+    (:func:`apps.stencil.sphere.diagnostics_gpu.local_diagnostics_gpu`, bitwise the values of these
+    expressions evaluated with CuPy) and one host synchronisation.
     """
+    if is_device_array(h):
+        return local_diagnostics_gpu(h, u, v, params)
+    return _local_diagnostics_arrays(h, u, v, params)
+
+
+def _local_diagnostics_arrays(h, u, v, params: SphereTile) -> dict:
+    """:func:`local_diagnostics` as array expressions of NumPy or CuPy (the reference of the GPU kernel)."""
     xp = array_module(h)
     rows, columns = _owned(params)
     w = params.halo_width
