@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from sphere_reference import global_state, padded_from_global
 
-from apps.stencil.sphere import SphereParameters, local_diagnostics, tile_parameters
-from apps.stencil.sphere import diagnostics_gpu
+from apps.stencil.sphere import SphereParameters, diagnostics_gpu, local_diagnostics, tile_parameters
 from apps.stencil.sphere.diagnostics import _local_diagnostics_arrays
 from apps.stencil.sphere.diagnostics_gpu import local_diagnostics_gpu
 
