@@ -53,7 +53,7 @@ RADICES = (4, 2, 3, 5)
 """The butterflies the kernel has, in the order a length is factored into them."""
 
 THREADS = 256
-"""Threads per block (one block per pair of circles)."""
+"""Threads per block (one block per pair of circles); 768 // THREADS blocks fit an SM's registers."""
 
 _SOURCE = r"""
 struct cplx { double x, y; };
@@ -133,7 +133,7 @@ __device__ cplx* stockham_fft(cplx* a, cplx* b, const cplx* __restrict__ w, cons
 // docstring). pairs[2 * block + {0, 1}] are circle indices f * n_rows + r (the second -1 if none);
 // a circle's increment is inc_f[rows[r], i0 + c], c < n.
 template <typename real>
-__global__ void __launch_bounds__(256, 3) polar_fft_filter_combine(
+__global__ void __launch_bounds__(THREADS, MIN_BLOCKS) polar_fft_filter_combine(
     real* out_h, real* out_u, real* out_v,
     const real* base_h, const real* base_u, const real* base_v,
     const real* h, const real* u, const real* v,
@@ -294,12 +294,14 @@ def fused_tables(plan: FilterPlan, use_filtered: Any) -> FusedFilterTables:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(dtype: np.dtype, shared_bytes: int) -> Any:
-    """The compiled kernel for ``dtype``, allowed ``shared_bytes`` of dynamic shared memory."""
+def _kernel(dtype: np.dtype, shared_bytes: int, threads: int) -> Any:
+    """The compiled kernel for ``dtype`` and ``threads`` per block (registers capped so that 768
+    threads fit an SM), allowed ``shared_bytes`` of dynamic shared memory."""
     import cupy
 
     name = f"polar_fft_filter_combine<{_REAL[dtype]}>"
-    module = cupy.RawModule(code=_SOURCE, options=("--fmad=false",), name_expressions=(name,))
+    options = ("--fmad=false", f"-DTHREADS={threads}", f"-DMIN_BLOCKS={max(1, 768 // threads)}")
+    module = cupy.RawModule(code=_SOURCE, options=options, name_expressions=(name,))
     kernel = module.get_function(name)
     if shared_bytes > 48 * 1024:
         kernel.max_dynamic_shared_size_bytes = shared_bytes
@@ -333,7 +335,7 @@ def fused_filter_and_combine(
                          f"prime factors are at most 5; found {n}")
     tables = fused_tables(plan, device_tables.use_filtered)
     shared_bytes = 32 * n
-    kernel = _kernel(dtype, shared_bytes)
+    kernel = _kernel(dtype, shared_bytes, THREADS)
     real = dtype.type
     kernel(
         (tables.pairs.shape[0],), (THREADS,),

@@ -102,30 +102,35 @@ def test_fused_filter_matches_the_cpu_and_cufft(cupy, monkeypatch, dtype, nx, ny
     assert fused_filter_supports(nx)
     rng = np.random.default_rng(nx + ny)
     shape = (p.ny + 2, p.nx + 2)
-    base, stage = _fields(rng, shape, dtype), _fields(rng, shape, dtype)
     increment = _fields(rng, shape, dtype, scale=1e-3)
-    out = [np.full(shape, 7.0, dtype=dtype) for _ in range(3)]
-    cpu = [x.copy() for x in out]
+    scale = max(float(np.max(np.abs(x))) for x in increment)
     from apps.stencil.sphere.polar_filter import filter_and_combine
 
-    filter_and_combine(cpu, base, stage, increment, 0.75, 0.25, plan, local_gather)
-    fused = _filter(cupy, "fused", out, base, stage, increment, plan, monkeypatch)
-    again = _filter(cupy, "fused", out, base, stage, increment, plan, monkeypatch)
-    cufft = _filter(cupy, "cufft", out, base, stage, increment, plan, monkeypatch)
-    scale = max(float(np.max(np.abs(x))) for x in increment)
-    # fp64: 1e-14 of the increments (about 50 roundings; a wrong mode would be 1e-3 off). fp32: the
-    # CPU and cuFFT transform fp32 circles in fp32, and out rounds to 6e-8 of |out| ~ 1: 8 roundings.
-    tolerance = 1e-14 * scale if dtype == np.float64 else 1e-6 * max(float(np.max(np.abs(x))) for x in cpu)
-    for field in range(3):
-        np.testing.assert_array_equal(fused[field], again[field])
-        for reference in (cpu, cufft):
-            assert np.max(np.abs(fused[field].astype(np.float64) - reference[field])) <= tolerance
-        for r, row in enumerate(plan.rows):
-            if plan.factors[r][field] is None:      # not filtered on this row: the raw increment, as the CPU
-                np.testing.assert_array_equal(fused[field][row], cpu[field][row])
-        untouched = plan.filtered_rows == 0
-        assert np.all(fused[field][untouched] == 7.0)
-        assert np.all(fused[field][:, 0] == 7.0) and np.all(fused[field][:, -1] == 7.0)   # ghost columns
+    for zero_base in (True, False):
+        # base = stage = 0: out = 0.25 * value exactly, so the filtered values themselves are compared
+        # (fp64: to 1e-14 of the increments, ~50 roundings; a wrong mode would be 1e-3 off). Then with
+        # fields ~1: out rounds to 1.1e-16 of |out| whatever the filter, 2 roundings allowed.
+        # fp32: the CPU and cuFFT transform fp32 circles in fp32: 1e-6 of the values, 8 roundings.
+        base, stage = (_fields(rng, shape, dtype, scale=0.0 if zero_base else 1.0) for _ in range(2))
+        out = [np.full(shape, 7.0, dtype=dtype) for _ in range(3)]
+        cpu = [x.copy() for x in out]
+        filter_and_combine(cpu, base, stage, increment, 0.75, 0.25, plan, local_gather)
+        fused = _filter(cupy, "fused", out, base, stage, increment, plan, monkeypatch)
+        again = _filter(cupy, "fused", out, base, stage, increment, plan, monkeypatch)
+        cufft = _filter(cupy, "cufft", out, base, stage, increment, plan, monkeypatch)
+        size = 0.25 * scale if zero_base else max(float(np.max(np.abs(x))) for x in cpu)
+        roundings = (1e-14 if zero_base else 4.5e-16) if dtype == np.float64 else 1e-6
+        for field in range(3):
+            np.testing.assert_array_equal(fused[field], again[field])
+            for name, reference in (("cpu", cpu), ("cufft", cufft)):
+                error = np.max(np.abs(fused[field].astype(np.float64) - reference[field]))
+                assert error <= roundings * size, (name, field, zero_base, error / size)
+            for r, row in enumerate(plan.rows):
+                if plan.factors[r][field] is None:      # not filtered on this row: the raw increment, as the CPU
+                    np.testing.assert_array_equal(fused[field][row], cpu[field][row])
+            untouched = plan.filtered_rows == 0
+            assert np.all(fused[field][untouched] == 7.0)
+            assert np.all(fused[field][:, 0] == 7.0) and np.all(fused[field][:, -1] == 7.0)   # ghost columns
 
 
 @pytest.mark.gpu
@@ -141,9 +146,10 @@ def test_fused_filter_removes_the_damped_modes(cupy, monkeypatch):
     factors = damping_factors(latitude, p.nx, p.filter_latitude)
     shape = (p.ny + 2, p.nx + 2)
     zeros = [np.zeros(shape) for _ in range(3)]
-    longitudes = 2 * np.pi * np.arange(p.nx) / p.nx
+    columns = np.arange(p.nx)
     for k in (1, 7, 100, 719, 720):
+        mode = np.cos(2 * np.pi * ((k * columns) % p.nx) / p.nx)   # the phase reduced exactly: a pure mode
         increment = [np.zeros(shape) for _ in range(3)]
-        increment[0][row, 1:-1] = np.cos(k * longitudes)
+        increment[0][row, 1:-1] = mode
         out = _filter(cupy, "fused", [np.zeros(shape) for _ in range(3)], zeros, zeros, increment, plan, monkeypatch)
-        np.testing.assert_allclose(out[0][row, 1:-1], 0.25 * factors[k] * np.cos(k * longitudes), rtol=0, atol=1e-14)
+        np.testing.assert_allclose(out[0][row, 1:-1], 0.25 * factors[k] * mode, rtol=0, atol=1e-14)
