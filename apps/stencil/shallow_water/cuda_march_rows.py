@@ -34,12 +34,29 @@ __device__ __forceinline__ real cell_or_zero(const real* __restrict__ a, int j, 
     return (column_in && j >= 0 && j < n_rows) ? a[(long long)j * nx + column] : (real)0;
 }
 
+// f of the corner row j: one value per row (ROW_F: the tile's f is constant along every padded row,
+// so column 0 holds the row's value) or per corner; 0 outside the array, as cell_or_zero.
+template <typename real, bool ROW_F>
+__device__ __forceinline__ real coriolis_at(const real* __restrict__ a, int j, int n_rows, bool column_in,
+                                            long long column, long long nx)
+{
+    return cell_or_zero(a, j, n_rows, column_in, ROW_F ? 0 : column, nx);
+}
+
+// The topography of row j: exactly 0 on a flat bottom (FLAT: every value is 0, so nothing is read).
+template <typename real, bool FLAT>
+__device__ __forceinline__ real topography_at(const real* __restrict__ a, int j, int n_rows, bool column_in,
+                                              long long column, long long nx)
+{
+    return FLAT ? (real)0 : cell_or_zero(a, j, n_rows, column_in, column, nx);
+}
+
 // A warp owns 32 adjacent columns and writes the middle 30 (lanes 1..30), marching down ROWS rows.
 // At the top of the step for row j the registers hold rows j and j + 1 of u, v, h, f at the corners
 // of row j + 1, the topography and base of row j, and the quantities of rows j - 1 / j carried over:
 // U(j - 1), V(j), q(j), B(j - 1). Slot s of the *_ahead arrays holds u, v, h, f of row j + 2 + s and
 // topography, base of row j + 1 + s; each step loads the last slot first.
-template <typename real, int ROWS, int AHEAD>
+template <typename real, int ROWS, int AHEAD, bool ROW_F, bool FLAT>
 __global__ void __launch_bounds__(128) swe_stage_march_rows(
     real* out_h, real* out_u, real* out_v,
     const real* base_h, const real* base_u, const real* base_v,
@@ -71,16 +88,16 @@ __global__ void __launch_bounds__(128) swe_stage_march_rows(
     const real u_m1 = cell_or_zero(u, jb - 1, n_rows, column_in, column, nx);
     const real v_m1 = cell_or_zero(v, jb - 1, n_rows, column_in, column, nx);
     const real h_m1 = cell_or_zero(h, jb - 1, n_rows, column_in, column, nx);
-    const real topography_m1 = cell_or_zero(topography, jb - 1, n_rows, column_in, column, nx);
+    const real topography_m1 = topography_at<real, FLAT>(topography, jb - 1, n_rows, column_in, column, nx);
     real u_0 = cell_or_zero(u, jb, n_rows, column_in, column, nx);
     real v_0 = cell_or_zero(v, jb, n_rows, column_in, column, nx);
     real h_0 = cell_or_zero(h, jb, n_rows, column_in, column, nx);
-    const real coriolis_0 = cell_or_zero(coriolis, jb, n_rows, column_in, column, nx);
+    const real coriolis_0 = coriolis_at<real, ROW_F>(coriolis, jb, n_rows, column_in, column, nx);
     real u_p1 = cell_or_zero(u, jb + 1, n_rows, column_in, column, nx);
     real v_p1 = cell_or_zero(v, jb + 1, n_rows, column_in, column, nx);
     real h_p1 = cell_or_zero(h, jb + 1, n_rows, column_in, column, nx);
-    real coriolis_p1 = cell_or_zero(coriolis, jb + 1, n_rows, column_in, column, nx);
-    real topography_0 = cell_or_zero(topography, jb, n_rows, column_in, column, nx);
+    real coriolis_p1 = coriolis_at<real, ROW_F>(coriolis, jb + 1, n_rows, column_in, column, nx);
+    real topography_0 = topography_at<real, FLAT>(topography, jb, n_rows, column_in, column, nx);
     real base_h_0 = cell_or_zero(base_h, jb, n_rows, column_in, column, nx);
     real base_u_0 = cell_or_zero(base_u, jb, n_rows, column_in, column, nx);
     real base_v_0 = cell_or_zero(base_v, jb, n_rows, column_in, column, nx);
@@ -91,8 +108,8 @@ __global__ void __launch_bounds__(128) swe_stage_march_rows(
         u_ahead[slot] = cell_or_zero(u, jb + 2 + slot, n_rows, column_in, column, nx);
         v_ahead[slot] = cell_or_zero(v, jb + 2 + slot, n_rows, column_in, column, nx);
         h_ahead[slot] = cell_or_zero(h, jb + 2 + slot, n_rows, column_in, column, nx);
-        coriolis_ahead[slot] = cell_or_zero(coriolis, jb + 2 + slot, n_rows, column_in, column, nx);
-        topography_ahead[slot] = cell_or_zero(topography, jb + 1 + slot, n_rows, column_in, column, nx);
+        coriolis_ahead[slot] = coriolis_at<real, ROW_F>(coriolis, jb + 2 + slot, n_rows, column_in, column, nx);
+        topography_ahead[slot] = topography_at<real, FLAT>(topography, jb + 1 + slot, n_rows, column_in, column, nx);
         base_h_ahead[slot] = cell_or_zero(base_h, jb + 1 + slot, n_rows, column_in, column, nx);
         base_u_ahead[slot] = cell_or_zero(base_u, jb + 1 + slot, n_rows, column_in, column, nx);
         base_v_ahead[slot] = cell_or_zero(base_v, jb + 1 + slot, n_rows, column_in, column, nx);
@@ -124,8 +141,8 @@ __global__ void __launch_bounds__(128) swe_stage_march_rows(
         u_ahead[AHEAD - 1] = cell_or_zero(u, j + 1 + AHEAD, n_rows, column_in, column, nx);
         v_ahead[AHEAD - 1] = cell_or_zero(v, j + 1 + AHEAD, n_rows, column_in, column, nx);
         h_ahead[AHEAD - 1] = cell_or_zero(h, j + 1 + AHEAD, n_rows, column_in, column, nx);
-        coriolis_ahead[AHEAD - 1] = cell_or_zero(coriolis, j + 1 + AHEAD, n_rows, column_in, column, nx);
-        topography_ahead[AHEAD - 1] = cell_or_zero(topography, j + AHEAD, n_rows, column_in, column, nx);
+        coriolis_ahead[AHEAD - 1] = coriolis_at<real, ROW_F>(coriolis, j + 1 + AHEAD, n_rows, column_in, column, nx);
+        topography_ahead[AHEAD - 1] = topography_at<real, FLAT>(topography, j + AHEAD, n_rows, column_in, column, nx);
         base_h_ahead[AHEAD - 1] = cell_or_zero(base_h, j + AHEAD, n_rows, column_in, column, nx);
         base_u_ahead[AHEAD - 1] = cell_or_zero(base_u, j + AHEAD, n_rows, column_in, column, nx);
         base_v_ahead[AHEAD - 1] = cell_or_zero(base_v, j + AHEAD, n_rows, column_in, column, nx);
@@ -211,20 +228,23 @@ MARCH_ROWS_WARPS = 4
 _REAL = {np.dtype(np.float64): "double", np.dtype(np.float32): "float"}
 
 
-def march_rows_name(dtype: Any, rows: int, ahead: int) -> str:
-    """The name expression of the kernel for ``dtype``, ``rows`` and ``ahead``."""
-    return "swe_stage_march_rows<%s, %d, %d>" % (_REAL[np.dtype(dtype)], rows, ahead)
+def march_rows_name(dtype: Any, rows: int, ahead: int, coriolis_by_row: bool = False, flat: bool = False) -> str:
+    """The name expression of the kernel for ``dtype``, ``rows`` and ``ahead``; ``coriolis_by_row``:
+    f is constant along each padded row (one load per row); ``flat``: the topography is all zeros
+    (not read). Both give the bits of the general kernel on such metrics."""
+    return "swe_stage_march_rows<%s, %d, %d, %s, %s>" % (
+        _REAL[np.dtype(dtype)], rows, ahead, "true" if coriolis_by_row else "false", "true" if flat else "false")
 
 
 @functools.lru_cache(maxsize=None)
-def march_rows_kernel(dtype: Any, rows: int, ahead: int) -> Any:
-    """The compiled kernel for ``dtype`` and shape (rows, ahead), built on first use (one instantiation
-    per NVRTC compilation, ``--fmad=false``)."""
+def march_rows_kernel(dtype: Any, rows: int, ahead: int, coriolis_by_row: bool = False, flat: bool = False) -> Any:
+    """The compiled kernel of :func:`march_rows_name`, built on first use (one instantiation per NVRTC
+    compilation, ``--fmad=false``)."""
     import cupy
 
     if (rows, ahead) not in MARCH_ROWS_SHAPES:
         raise ValueError(f"(rows, ahead) must be one of {MARCH_ROWS_SHAPES}; found {(rows, ahead)}")
-    name = march_rows_name(dtype, rows, ahead)
+    name = march_rows_name(dtype, rows, ahead, coriolis_by_row, flat)
     return cupy.RawModule(code=MARCH_ROWS_SOURCE, options=("--fmad=false",), name_expressions=(name,)).get_function(name)
 
 

@@ -68,6 +68,11 @@ class GridMetrics:
         of :mod:`apps.stencil.shallow_water.cuda_uniform` apply.
     dtype : numpy.dtype
         float64 or float32, the fields' dtype.
+    coriolis_by_row : bool
+        True when a per-corner ``coriolis`` is constant along every padded row (a grid whose rotation
+        axis is the polar axis): the GPU stage reads one value per row. Exact equality, in ``dtype``.
+    flat : bool
+        True when every value of ``topography`` is zero: the GPU stage does not read it.
     """
 
     cos_center: Any
@@ -90,6 +95,8 @@ class GridMetrics:
     hyperviscosity: float
     uniform: bool
     dtype: np.dtype
+    coriolis_by_row: bool = False
+    flat: bool = False
 
     @property
     def stencil_reach(self) -> int:
@@ -166,6 +173,8 @@ def latlon_metrics(
         Where the arrays live and the fields' dtype.
     """
     dtype = np.dtype(dtype)
+    coriolis_cast = np.ascontiguousarray(coriolis, dtype=np.float64).astype(dtype)
+    topography_cast = np.ascontiguousarray(topography, dtype=np.float64).astype(dtype)
     safe_cos_face = np.where(inside, cos_face, 1.0)
     rdx_face = np.where(inside, 1.0 / (radius * safe_cos_face * dlon), 0.0)
     rdy_face = np.where(inside, 1.0 / (radius * safe_cos_face * dlat), 0.0)
@@ -178,6 +187,7 @@ def latlon_metrics(
         topography=_cast(topography, dtype, xp), unfiltered_rows=xp.zeros(cos_center.shape[0], dtype=np.int8),
         gravity=float(gravity), rdy=1.0 / (radius * dlat), rdx=0.0, rdx2=0.0, rdy2=0.0,
         viscosity=0.0, hyperviscosity=0.0, uniform=False, dtype=dtype,
+        coriolis_by_row=bool(np.all(coriolis_cast == coriolis_cast[:, :1])), flat=not np.any(topography_cast),
     )  # fmt: skip
 
 

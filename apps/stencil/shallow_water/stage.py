@@ -230,7 +230,7 @@ def shallow_water_stage(
         stage_gpu.row_metrics_stage_gpu(
             *out, *base, *stage, *increment, *metrics.row_arrays(), filtered_rows, metrics.coriolis,
             metrics.topography, real(a), real(b), real(dt), real(metrics.gravity), real(metrics.rdy), half, quarter,
-            j0, j1, i0, i1,
+            j0, j1, i0, i1, coriolis_by_row=metrics.coriolis_by_row, flat=metrics.flat,
         )  # fmt: skip
         return
     from apps.stencil.shallow_water.stage_cpu import stage_cpu

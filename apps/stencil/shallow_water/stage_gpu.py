@@ -157,14 +157,16 @@ ROW_METRICS_KERNEL = {"name": "march"}
 :mod:`apps.stencil.shallow_water.cuda_march_rows`) or ``"simple"`` (one thread per cell); same bits."""
 
 
-def row_metrics_stage_gpu(*args, kernel: str | None = None) -> None:
+def row_metrics_stage_gpu(*args, kernel: str | None = None, coriolis_by_row: bool = False, flat: bool = False) -> None:
     """Launch the per-row-metrics stage on the current CuPy stream; returns None.
 
     ``args`` as for the core's Numba kernel without the (hyper)viscosity scalars: (out x3, base x3,
     stage x3, increment x3, the 8 row arrays, filtered_rows, coriolis, topography, a, b, dt, gravity,
     rdy, half, quarter, j0, j1, i0, i1), scalars in the field dtype, arrays validated by
     :func:`apps.stencil.shallow_water.stage.shallow_water_stage`. ``kernel``: ``"march"`` or
-    ``"simple"`` (default: :data:`ROW_METRICS_KERNEL`); both give the same bits.
+    ``"simple"`` (default: :data:`ROW_METRICS_KERNEL`); both give the same bits. ``coriolis_by_row``
+    and ``flat`` (:class:`~apps.stencil.shallow_water.metrics.GridMetrics`' flags) let the march
+    read one f per row and no topography (the same bits on such metrics).
     """
     region = tuple(int(x) for x in args[-4:])
     out_h = args[0]
@@ -175,7 +177,7 @@ def row_metrics_stage_gpu(*args, kernel: str | None = None) -> None:
         shape = fitted_march_shape(DEFAULT_MARCH_ROWS[np.dtype(out_h.dtype)], -(-(i1 - i0) // 30), j1 - j0,
                                    MARCH_ROWS_SHAPES)
         grid, block = march_rows_launch(region, shape)
-        function = march_rows_kernel(out_h.dtype, *shape)
+        function = march_rows_kernel(out_h.dtype, *shape, coriolis_by_row, flat)
         function(grid, block, (*args[:-4], *bounds, np.int32(out_h.shape[1]), np.int32(out_h.shape[0])))
         return
     if chosen != "simple":

@@ -22,16 +22,24 @@ pytestmark = pytest.mark.gpu
     (301, 157, (0, 157, 0, 301)),    # larger, odd: many warps and row blocks, both poles filtered
     (1441, 19, (0, 19, 0, 1441)),    # wide and short: fewer rows than one block marches
 ])
-def test_march_kernel_is_bitwise_the_simple_kernel_and_the_cpu(cupy, dtype, nx, ny, tile):
+@pytest.mark.parametrize("alpha, mountain", [(0.7, True), (0.0, False), (0.0, True), (0.7, False)])
+def test_march_kernel_is_bitwise_the_simple_kernel_and_the_cpu(cupy, dtype, nx, ny, tile, alpha, mountain):
+    """Also with f constant along rows (rotation axis = polar axis) and a flat bottom, where the march
+    reads one f per row and no topography."""
     from apps.stencil.shallow_water import stage_gpu
 
-    p = SphereParameters(nx=nx, ny=ny, alpha=0.7, filter_latitude=math.radians(50.0))
-    topography = make_initial_condition("williamson5", p).topography
+    p = SphereParameters(nx=nx, ny=ny, alpha=alpha, filter_latitude=math.radians(50.0))
+    topography = make_initial_condition("williamson5", p).topography if mountain else None
     row_start, n_rows, col_start, n_columns = tile
     rng = np.random.default_rng(nx + ny + row_start)
     shape = (n_rows + 2, n_columns + 2)
     cpu_tile = tile_parameters(p, row_start, n_rows, col_start, n_columns, 1, topography, dtype=dtype)
     gpu_tile = tile_parameters(p, row_start, n_rows, col_start, n_columns, 1, topography, xp=cupy, dtype=dtype)
+    coriolis, bottom = (cupy.asnumpy(a) for a in (gpu_tile.metrics.coriolis, gpu_tile.metrics.topography))
+    assert gpu_tile.metrics.coriolis_by_row == (alpha == 0.0) == bool(np.all(coriolis == coriolis[:, :1]))
+    assert gpu_tile.metrics.flat == (not np.any(bottom))
+    if tile == (0, ny, 0, nx):
+        assert gpu_tile.metrics.flat == (not mountain)   # the whole sphere holds the mountain
     plan = make_filter_plan(p, row_start, n_rows, col_start, n_columns)
     stage = [(5000.0 + 100.0 * rng.standard_normal(shape)).astype(dtype)] + [
         (20.0 * rng.standard_normal(shape)).astype(dtype) for _ in range(2)]
