@@ -26,6 +26,10 @@ filtered on that row; a block may hold only x):
 Circles whose field is not filtered on that row (``use_filtered == 0``) get a block of their own that
 combines the raw increment, as the CPU and the cuFFT path do.
 
+The transforms are compiled with FMA contraction (no CPU result to match bit for bit; a fused
+multiply-add rounds once); the combine rounds operation by operation (``__dadd_rn`` etc.), so
+circles that are not filtered get the CPU's bits.
+
 Accuracy: the transforms are in float64 for both field dtypes (the cuFFT path transforms fp32 fields
 in fp32). The result agrees with NumPy's ``irfft(rfft(x) * S)`` to a few units of float64 rounding of
 the increment (about 1e-15 of its magnitude at n = 1440), like cuFFT's; it is not bitwise either's.
@@ -53,7 +57,7 @@ RADICES = (4, 2, 3, 5)
 """The butterflies the kernel has, in the order a length is factored into them."""
 
 THREADS = 256
-"""Threads per block (one block per pair of circles); 768 // THREADS blocks fit an SM's registers."""
+"""Threads per block (one block per pair of circles); 1024 // THREADS blocks fit an SM's registers."""
 
 _SOURCE = r"""
 struct cplx { double x, y; };
@@ -61,6 +65,27 @@ struct cplx { double x, y; };
 __device__ __forceinline__ cplx cmul(cplx a, cplx b) { return {a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x}; }
 __device__ __forceinline__ cplx cadd(cplx a, cplx b) { return {a.x + b.x, a.y + b.y}; }
 __device__ __forceinline__ cplx csub(cplx a, cplx b) { return {a.x - b.x, a.y - b.y}; }
+__device__ __forceinline__ cplx cscale(double s, cplx a) { return {s * a.x, s * a.y}; }
+__device__ __forceinline__ cplx minus_i(cplx a) { return {a.y, -a.x}; }   // -i a, exact
+
+// The combine's arithmetic without contraction (the module is compiled with FMA contraction for the
+// transforms): out = a*base + b*(stage + value) rounded operation by operation, as on the CPU.
+__device__ __forceinline__ double add_rn(double x, double y) { return __dadd_rn(x, y); }
+__device__ __forceinline__ double mul_rn(double x, double y) { return __dmul_rn(x, y); }
+__device__ __forceinline__ float add_rn(float x, float y) { return __fadd_rn(x, y); }
+__device__ __forceinline__ float mul_rn(float x, float y) { return __fmul_rn(x, y); }
+template <typename real>
+__device__ __forceinline__ real combine(real a, real base, real b, real stage, real value)
+{
+    return add_rn(mul_rn(a, base), mul_rn(b, add_rn(stage, value)));
+}
+
+// cos(2 pi / 5), cos(4 pi / 5), sin(2 pi / 5), sin(4 pi / 5), sin(2 pi / 3), correctly rounded.
+#define C1_5 0.30901699437494745
+#define C2_5 (-0.8090169943749475)
+#define S1_5 0.9510565162951535
+#define S2_5 0.5877852522924731
+#define S_3 0.8660254037844386
 
 // One Stockham stage of radix R over n points, src -> dst, with `span` the product of the radices
 // before it: butterfly j takes src[j + r n/R] (r < R), multiplies by w^(k0 r n/(span R)) with
@@ -73,7 +98,8 @@ __device__ void stockham_stage(const cplx* __restrict__ src, cplx* __restrict__ 
     const int butterflies = n / R;
     const int stride = n / (span * R);
     for (int j = (int)threadIdx.x; j < butterflies; j += (int)blockDim.x) {
-        const int k0 = j % span;
+        const int group = j / span;
+        const int k0 = j - group * span;
         cplx v[R];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -82,7 +108,7 @@ __device__ void stockham_stage(const cplx* __restrict__ src, cplx* __restrict__ 
                 v[r] = cmul(v[r], w[k0 * r * stride]);
             }
         }
-        const int d = (j / span) * span * R + k0;
+        const int d = group * span * R + k0;
         if (R == 2) {
             dst[d] = cadd(v[0], v[1]);
             dst[d + span] = csub(v[0], v[1]);
@@ -94,17 +120,25 @@ __device__ void stockham_stage(const cplx* __restrict__ src, cplx* __restrict__ 
             dst[d + span] = {d02.x + d13.y, d02.y - d13.x};
             dst[d + 2 * span] = csub(s02, s13);
             dst[d + 3 * span] = {d02.x - d13.y, d02.y + d13.x};
-        } else {
-            // Length-R DFT from the table: exp(-2 pi i r k / R) = w[(r k mod R) n / R].
-#pragma unroll
-            for (int k = 0; k < R; ++k) {
-                cplx sum = v[0];
-#pragma unroll
-                for (int r = 1; r < R; ++r) {
-                    sum = cadd(sum, cmul(v[r], w[((r * k) % R) * butterflies]));
-                }
-                dst[d + k * span] = sum;
-            }
+        } else if (R == 3) {
+            const cplx sum = cadd(v[1], v[2]);
+            const cplx rotated = minus_i(cscale(S_3, csub(v[1], v[2])));
+            const cplx middle = csub(v[0], cscale(0.5, sum));
+            dst[d] = cadd(v[0], sum);
+            dst[d + span] = cadd(middle, rotated);
+            dst[d + 2 * span] = csub(middle, rotated);
+        } else {   // R == 5
+            const cplx a1 = cadd(v[1], v[4]), b1 = csub(v[1], v[4]);
+            const cplx a2 = cadd(v[2], v[3]), b2 = csub(v[2], v[3]);
+            const cplx m1 = cadd(v[0], cadd(cscale(C1_5, a1), cscale(C2_5, a2)));
+            const cplx m2 = cadd(v[0], cadd(cscale(C2_5, a1), cscale(C1_5, a2)));
+            const cplx n1 = minus_i(cadd(cscale(S1_5, b1), cscale(S2_5, b2)));
+            const cplx n2 = minus_i(csub(cscale(S2_5, b1), cscale(S1_5, b2)));
+            dst[d] = cadd(v[0], cadd(a1, a2));
+            dst[d + span] = cadd(m1, n1);
+            dst[d + 2 * span] = cadd(m2, n2);
+            dst[d + 3 * span] = csub(m2, n2);
+            dst[d + 4 * span] = csub(m1, n1);
         }
     }
 }
@@ -162,7 +196,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) polar_fft_filter_combine(
         // Not filtered here: combine the raw increment (one circle per such block).
         for (int c = (int)threadIdx.x; c < n; c += (int)blockDim.x) {
             const long long k = offsets[0] + c;
-            outs[0][k] = a * bases[0][k] + b * (stages[0][k] + incs[0][k]);
+            outs[0][k] = combine(a, bases[0][k], b, stages[0][k], incs[0][k]);
         }
         return;
     }
@@ -200,7 +234,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) polar_fft_filter_combine(
             }
             const long long k = offsets[q] + c;
             const real value = (real)((q == 0 ? z.x : -z.y) / length);
-            outs[q][k] = a * bases[q][k] + b * (stages[q][k] + value);
+            outs[q][k] = combine(a, bases[q][k], b, stages[q][k], value);
         }
     }
 }
@@ -295,12 +329,12 @@ def fused_tables(plan: FilterPlan, use_filtered: Any) -> FusedFilterTables:
 
 @functools.lru_cache(maxsize=None)
 def _kernel(dtype: np.dtype, shared_bytes: int, threads: int) -> Any:
-    """The compiled kernel for ``dtype`` and ``threads`` per block (registers capped so that 768
+    """The compiled kernel for ``dtype`` and ``threads`` per block (registers capped so that 1024
     threads fit an SM), allowed ``shared_bytes`` of dynamic shared memory."""
     import cupy
 
     name = f"polar_fft_filter_combine<{_REAL[dtype]}>"
-    options = ("--fmad=false", f"-DTHREADS={threads}", f"-DMIN_BLOCKS={max(1, 768 // threads)}")
+    options = ("--fmad=true", f"-DTHREADS={threads}", f"-DMIN_BLOCKS={max(1, 1024 // threads)}")
     module = cupy.RawModule(code=_SOURCE, options=options, name_expressions=(name,))
     kernel = module.get_function(name)
     if shared_bytes > 48 * 1024:
