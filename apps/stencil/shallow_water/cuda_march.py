@@ -96,8 +96,9 @@ __device__ __forceinline__ Pair<real> load_or_zero(const real* __restrict__ a, i
     return Pair<real>(c.first_in ? row[0] : (real)0, c.second_in ? row[1] : (real)0);
 }
 
-// Store the columns of the lane whose flag (first, second) is set.
-template <typename real>
+// Store the columns of the lane whose flag (first, second) is set; both columns of an aligned pair in
+// one 8- or 16-byte store (one write request per warp and field instead of two half-filled ones).
+template <typename real, bool ALIGNED>
 __device__ __forceinline__ void store(real* out, long long k, real value, bool first, bool)
 {
     if (first) {
@@ -105,9 +106,16 @@ __device__ __forceinline__ void store(real* out, long long k, real value, bool f
     }
 }
 
-template <typename real>
+template <typename real, bool ALIGNED>
 __device__ __forceinline__ void store(real* out, long long k, Pair<real> value, bool first, bool second)
 {
+    if (ALIGNED && first && second) {
+        typename Vector2<real>::type pair;
+        pair.x = value.x;
+        pair.y = value.y;
+        *reinterpret_cast<typename Vector2<real>::type*>(out + k) = pair;
+        return;
+    }
     if (first) {
         out[k] = value.x;
     }
@@ -265,9 +273,9 @@ __device__ __forceinline__ void march_rows(
         dv = dv * v_face_mask[j];
         if (writes || writes_second) {
             const long long k = (long long)j * nx + i;
-            store(out_h, k, a * base_h_0 + b * (h_0 + dt * dh), writes, writes_second);
-            store(out_u, k, a * base_u_0 + b * (u_0 + dt * du), writes, writes_second);
-            store(out_v, k, a * base_v_0 + b * (v_0 + dt * dv), writes, writes_second);
+            store<real, ALIGNED>(out_h, k, a * base_h_0 + b * (h_0 + dt * dh), writes, writes_second);
+            store<real, ALIGNED>(out_u, k, a * base_u_0 + b * (u_0 + dt * du), writes, writes_second);
+            store<real, ALIGNED>(out_v, k, a * base_v_0 + b * (v_0 + dt * dv), writes, writes_second);
         }
 
         // Move the window down one row.
