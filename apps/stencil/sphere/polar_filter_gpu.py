@@ -55,10 +55,18 @@ import numpy as np
 from apps.stencil.sphere.polar_circles import FilterPlan, filter_circles, local_gather
 from apps.stencil.sphere.polar_fft_gpu import fused_filter_and_combine, fused_filter_supports
 
-DEVICE_FILTER = {"method": "fused"}
-"""How whole circles are filtered on the device: ``"fused"`` (the default; one kernel,
-:mod:`apps.stencil.sphere.polar_fft_gpu`, for circle lengths it supports, else cuFFT) or
-``"cufft"`` (always the five-step cuFFT path below). They agree to float64 rounding, not bitwise."""
+DEVICE_FILTER = {"method": "auto"}
+"""How whole circles are filtered on the device: ``"auto"`` (the default: the fused kernel of
+:mod:`apps.stencil.sphere.polar_fft_gpu` for circles it supports of at most
+:data:`FUSED_FASTER_UP_TO` points, else cuFFT), ``"fused"`` (the fused kernel wherever it supports
+the length) or ``"cufft"`` (always the five-step cuFFT path below). They agree to float64 rounding,
+not bitwise."""
+
+FUSED_FASTER_UP_TO = 2880
+"""The longest circle for which ``"auto"`` takes the fused kernel. Filter time per stage on one H200
+(fp64 / fp32, fused against cuFFT): 720 points 12.8 / 17.5 us (fp64), 1440 points 30.8 / 52.3 us and
+28.7 / 44.3 us, 2880 points 150 / 171 us (fp64); 3600 points 250 / 246 us and 234 / 192 us (fewer
+blocks per SM at 115 KB of shared memory each)."""
 
 _SOURCE = r"""
 // values[f][r][c] = increment_f[rows[r]][i0 + c]: the polar rows' increments of h, u, v in one block
@@ -298,7 +306,8 @@ def filter_and_combine_gpu(
         # Every (field, row) in one batch, in persistent buffers (capturable: no allocation, no host
         # synchronisation); NumPy's order of operations: the forward transform in the field dtype,
         # the product with the float64 factors, the inverse transform, then the cast to the field dtype.
-        if DEVICE_FILTER["method"] == "fused" and fused_filter_supports(n):
+        method = DEVICE_FILTER["method"]
+        if method != "cufft" and fused_filter_supports(n) and (method == "fused" or n <= FUSED_FASTER_UP_TO):
             fused_filter_and_combine(out, base, stage, increment, a, b, plan, tables)
             return
         workspace = device_workspace(plan, dtype)
@@ -328,4 +337,4 @@ def filter_and_combine_gpu(
     )  # fmt: skip
 
 
-__all__ = ["DEVICE_FILTER", "DeviceFilterTables", "DeviceFilterWorkspace", "device_tables", "device_workspace", "filter_and_combine_gpu"]
+__all__ = ["DEVICE_FILTER", "FUSED_FASTER_UP_TO", "DeviceFilterTables", "DeviceFilterWorkspace", "device_tables", "device_workspace", "filter_and_combine_gpu"]
