@@ -6,7 +6,10 @@ fields, in one of two ways:
 * **Whole latitude circles on this rank** (the row communicator has size 1, i.e. the decomposition
   splits latitude only; ``gather`` is :func:`apps.stencil.sphere.polar_circles.local_gather`): the
   polar rows' increments stay on the device, and a stage allocates nothing and never synchronises
-  with the host, so the lat-lon step can be captured as a CUDA graph (``--graph``). The work
+  with the host, so the lat-lon step can be captured as a CUDA graph (``--graph``). Circles of
+  lengths the fused kernel takes (:data:`DEVICE_FILTER`, :data:`FUSED_FASTER_UP_TO`) are filtered
+  and combined in one launch, :func:`apps.stencil.sphere.polar_fft_gpu.fused_filter_and_combine`;
+  the others as follows. The work
   buffers and the two cuFFT plans are built once per plan, device and dtype
   (:func:`device_workspace`, cached on ``plan.device_tables`` like :func:`device_tables`). Per stage,
   whatever the number of polar rows:
