@@ -137,13 +137,15 @@ def default_recipes() -> dict:
     jacobi = GridRecipe("jacobi", (16384, 16384), 0.574 / 1000, halo_width=1, n_fields=1, itemsize=4,
                         exchanges_per_step=1, periodic=(True, False),
                         source="docs/performance.md: 16384^2 fp32, 0.574 s / 1000 iterations, 1 H200, --graph")
-    swe = GridRecipe("swe", (4096, 8192), 4096 * 8192 / 5.18e9, halo_width=2, n_fields=3, itemsize=8,
+    swe = GridRecipe("swe", (4096, 8192), 4096 * 8192 / 1.456e10, halo_width=2, n_fields=3, itemsize=8,
                      exchanges_per_step=3, periodic=(False, True),
-                     source="docs/performance.md: 8192 x 4096 fp64, 5.18e9 cell-updates/s, 1 H200, eager "
-                            "(2026-12-01); h, u, v, halo 2, one exchange per SSP-RK3 stage")
-    heat3d = GridRecipe("heat3d", (512, 512, 512), 512 ** 3 * 16 / 4.23e12, halo_width=1, n_fields=1, itemsize=8,
+                     source="docs/performance.md: 8192 x 4096 fp64, 1.447e10-1.466e10 cell-updates/s, 1 H200, "
+                            "default path (CUDA graphs; 14b8195, 2026-12-02); h, u, v, halo 2, one exchange per "
+                            "SSP-RK3 stage")
+    heat3d = GridRecipe("heat3d", (512, 512, 512), 512 ** 3 / 1.82e11, halo_width=1, n_fields=1, itemsize=8,
                         exchanges_per_step=1, periodic=(False, False, False),
-                        source="NOT MEASURED: roofline, 512^3 fp64 at 16 B/update and 4.23 TB/s (DEVICE.md)")
+                        source="docs/performance.md: 512^3 fp64, 1.806e11-1.836e11 cell-updates/s, 1 H200, "
+                               "default path (CUDA graphs; ce1de82, 2026-12-02)")
     md = MdRecipe("md", 2.048e6, 2.048e6 / 1.34e9,
                   source="docs/performance.md: in.lj 2.05M atoms fp32, 1.34e9 atom-steps/s, 1 H200")
     train32 = TrainRecipe("train-fp32", 142.6e6, 4, 16384, 16384 / 58827,
