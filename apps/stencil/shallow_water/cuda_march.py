@@ -3,8 +3,9 @@
 One body, templated on what a lane holds: one column (``swe_stage_march``, moved from the channel's
 former ``stage_cuda`` module) or two adjacent ones (``swe_stage_march_pairs``: half the shuffles,
 index arithmetic and load instructions per column, 60 of 64 columns written per warp instead of 28
-of 32; for fp32, where the one-column kernel is bound by instruction issue, not memory). The
-arithmetic is per column and in the same order, so both give the same bits. Compiled together with the tiled
+of 32, and one 8-/16-byte load and store per lane and field where the pair is aligned: the fp32
+default, where L2 traffic limits the kernel). The arithmetic is per column and in the same order,
+so both give the same bits. Compiled together with the tiled
 kernel by :func:`apps.stencil.shallow_water.cuda_uniform.uniform_kernel` (``--fmad=false``) and
 launched by :mod:`apps.stencil.shallow_water.stage_gpu`, which describes it.
 """
