@@ -44,6 +44,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from hpcgpu.bench.model_hybrid import EXAMPLES, format_hybrid_table, hybrid_table
 from hpcgpu.bench.model_inputs import OVERLAP_MODES, Machine, default_recipes, with_measurement
 from hpcgpu.bench.model_predict import (Prediction, halo_face_bytes, predict, predict_series, ring_allreduce_seconds,
                                         split_neighbours, validate)
@@ -84,6 +85,9 @@ def add_arguments(parser) -> None:
                         help="one-rank --summary of an app: replaces that app's input")
     parser.add_argument("--json", metavar="FILE", help="write predictions, assumptions and validation as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="draw efficiency vs GPUs (needs matplotlib)")
+    parser.add_argument("--hybrid", action="store_true",
+                        help="instead: data x tensor x pipeline training of two MLPs on 8-512 GPUs "
+                             "(hpcgpu/bench/model_hybrid.py)")
 
 
 def machine_from_args(args) -> Machine:
@@ -175,6 +179,8 @@ def main(args) -> int:
     """The ``model`` subcommand: 0 on success, 2 on bad input (one message saying what to change)."""
     try:
         machine, recipes, names, modes, gpus = _parse(args)
+        if getattr(args, "hybrid", False):
+            return _report_hybrid(machine)
         return _report(args, machine, recipes, names, modes, gpus)
     except ConfigurationError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -218,6 +224,18 @@ def _parse(args):
     if gpus[0] < 1:
         raise ConfigurationError(f"--gpus {args.gpus!r}: expected a comma list of positive GPU counts like 1,2,8,64")
     return machine, recipes, names, modes, gpus
+
+
+def _report_hybrid(machine: Machine) -> int:
+    """Print the hybrid-parallel training table (:mod:`hpcgpu.bench.model_hybrid`)."""
+    print("Hybrid-parallel training (hpcgpu.bench.model_hybrid): predicted, not measured. Assumptions:")
+    for line in machine.describe():
+        print(f"  - {line}")
+    for model in EXAMPLES:
+        print(f"  - {model.name}: {model.parameters:.3g} parameters, {model.rows} rows per replica, "
+              f"{model.flops_per_second / 1e12:.0f} TFLOP/s per GPU; {model.source}")
+    print(format_hybrid_table(hybrid_table(machine)))
+    return 0
 
 
 def _report(args, machine: Machine, recipes: dict, names: list[str], modes: list[str], gpus: list[int]) -> int:
