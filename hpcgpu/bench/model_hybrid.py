@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpcgpu.bench.model_inputs import Machine
-from hpcgpu.bench.model_predict import ring_allreduce_seconds
+from hpcgpu.bench.model_predict import allreduce_links, ring_allreduce_seconds
 
 
 @dataclass(frozen=True)
@@ -82,14 +82,6 @@ class HybridPrediction:
         return self.compute / self.step
 
 
-def _allreduce_links(n_ranks_spanned: int, machine: Machine) -> tuple[float, float]:
-    """(bus bandwidth, hop latency) of a ring over ranks that span ``n_ranks_spanned`` consecutive ranks."""
-    if n_ranks_spanned <= machine.gpus_per_node:
-        return machine.allreduce_bus_bandwidth, machine.allreduce_hop_latency
-    return min(machine.allreduce_bus_bandwidth, machine.node_bandwidth), max(machine.allreduce_hop_latency,
-                                                                               machine.inter_latency)
-
-
 def predict_hybrid(model: MlpModel, data: int, tensor: int, pipeline: int, micro_batches: int,
                    machine: Machine) -> HybridPrediction:
     """One grid's step (module docstring). ``pipeline`` must divide ``model.blocks`` and
@@ -102,7 +94,7 @@ def predict_hybrid(model: MlpModel, data: int, tensor: int, pipeline: int, micro
     compute = 6.0 * model.parameters * model.rows / (tensor * pipeline) / model.flops_per_second
     bubble = compute * (pipeline - 1) / micro_batches
     activation_bytes = model.rows / micro_batches * model.width * model.itemsize
-    bus, hop = _allreduce_links(tensor, machine)
+    bus, hop = allreduce_links(tensor, machine)
     tensor_seconds = (model.blocks // pipeline) * 2 * micro_batches * ring_allreduce_seconds(activation_bytes, tensor,
                                                                                              bus, hop)
     p2p_seconds = 0.0
@@ -113,7 +105,7 @@ def predict_hybrid(model: MlpModel, data: int, tensor: int, pipeline: int, micro
             latency, bandwidth = machine.inter_latency, machine.inter_bandwidth_per_gpu
         p2p_seconds = 2 * micro_batches * (latency + activation_bytes / bandwidth)
     gradient_bytes = model.parameters / (tensor * pipeline) * model.gradient_itemsize
-    bus, hop = _allreduce_links(data * tensor * pipeline, machine)
+    bus, hop = allreduce_links(data * tensor * pipeline, machine)
     data_seconds = ring_allreduce_seconds(gradient_bytes, data, bus, hop)
     overlappable = model.overlap_fraction * compute / micro_batches
     hidden = 0.0 if machine.overlap == "none" else min(data_seconds, overlappable if machine.overlap == "interior"

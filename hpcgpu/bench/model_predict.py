@@ -79,6 +79,15 @@ def ring_allreduce_seconds(n_bytes: float, n_gpus: int, bus_bandwidth: float, ho
     return 2 * (n_gpus - 1) * hop_latency + 2 * (n_gpus - 1) / n_gpus * n_bytes / bus_bandwidth
 
 
+def allreduce_links(n_ranks_spanned: int, machine: Machine) -> tuple[float, float]:
+    """(bus bandwidth, hop latency) of a ring over ``n_ranks_spanned`` consecutive ranks: NVLink's
+    inside one node, the node's InfiniBand bandwidth and latency once the ring crosses nodes."""
+    if n_ranks_spanned <= machine.gpus_per_node:
+        return machine.allreduce_bus_bandwidth, machine.allreduce_hop_latency
+    return (min(machine.allreduce_bus_bandwidth, machine.node_bandwidth),
+            max(machine.allreduce_hop_latency, machine.inter_latency))
+
+
 def exchange_seconds(intra_bytes, n_intra, inter_bytes, n_inter, machine: Machine) -> float:
     """One exchange: the intra- and inter-node transfers run concurrently; each pays its latency once
     (messages grouped)."""
@@ -167,12 +176,7 @@ def _train_prediction(recipe: TrainRecipe, n_gpus: int, mode: str, machine: Mach
     batch = recipe.batch / n_gpus if mode == "strong" else recipe.batch
     compute = recipe.seconds_per_step * batch / recipe.batch
     nodes = _nodes(n_gpus, machine)
-    if nodes == 1:
-        bus, hop = machine.allreduce_bus_bandwidth, machine.allreduce_hop_latency
-    else:
-        bus = min(machine.allreduce_bus_bandwidth, machine.node_bandwidth)
-        hop = max(machine.allreduce_hop_latency, machine.inter_latency)
-    communication = ring_allreduce_seconds(recipe.gradient_bytes, n_gpus, bus, hop)
+    communication = ring_allreduce_seconds(recipe.gradient_bytes, n_gpus, *allreduce_links(n_gpus, machine))
     moved = 2 * (n_gpus - 1) / n_gpus * recipe.gradient_bytes if n_gpus > 1 else 0.0
     hidden = hidden_seconds(communication, compute, recipe.overlap_fraction, machine.overlap)
     return Prediction(recipe.name, mode, n_gpus, nodes, (n_gpus,), (min(n_gpus, machine.gpus_per_node),), batch,
