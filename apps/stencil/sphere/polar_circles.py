@@ -58,6 +58,12 @@ class FilterPlan:
     device_tables: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
     """Cache of the plan's device arrays (filled by :mod:`apps.stencil.sphere.polar_filter_gpu`)."""
 
+    def use_filtered(self) -> np.ndarray:
+        """int8 array, shape (3 * len(rows),): 1 where field ``f`` is filtered on filtered row ``r``
+        (index ``f * len(rows) + r``: the circle order of the device filters), else 0."""
+        flags = [[s is not None for s in row] for row in self.factors]
+        return np.array(flags, dtype=np.int8).reshape(len(self.rows), 3).T.reshape(-1)
+
     def filtered_rows_like(self, array: Any) -> Any:
         """``filtered_rows`` in the array library of ``array`` (a CuPy copy is built once per device and cached)."""
         if not is_device_array(array):

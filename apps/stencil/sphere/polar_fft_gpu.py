@@ -273,14 +273,15 @@ def twiddles(n: int) -> np.ndarray:
     return cosine + 1j * sine
 
 
-def circle_pairs(plan: FilterPlan, use_filtered: np.ndarray) -> np.ndarray:
+def circle_pairs(plan: FilterPlan) -> np.ndarray:
     """The circles of each block, int32 shape (n_blocks, 2): filtered circles two by two, each with
     the next row's circle of the same field (similar magnitudes, so rounding of one barely touches
     the other), the second -1 for a circle left over; then one block per unfiltered circle.
 
-    ``use_filtered``: int8 shape (3 * n_rows,), circle ``f * n_rows + r``.
+    Circle ``f * n_rows + r`` is field ``f`` on filtered row ``r`` (:meth:`FilterPlan.use_filtered`).
     """
     n_rows = len(plan.rows)
+    use_filtered = plan.use_filtered()
     blocks = []
     for field in range(3):
         filtered = [field * n_rows + r for r in range(n_rows) if use_filtered[field * n_rows + r]]
@@ -308,10 +309,9 @@ class FusedFilterTables:
     radices: Any
 
 
-def fused_tables(plan: FilterPlan, use_filtered: Any) -> FusedFilterTables:
+def fused_tables(plan: FilterPlan) -> FusedFilterTables:
     """The plan's fused-kernel tables on the current CuPy device, built once per plan and device
-    (cached on ``plan.device_tables``); ``use_filtered`` as in
-    :class:`apps.stencil.sphere.polar_filter_gpu.DeviceFilterTables`."""
+    (cached on ``plan.device_tables``)."""
     import cupy
 
     key = ("fused", cupy.cuda.runtime.getDevice())
@@ -319,7 +319,7 @@ def fused_tables(plan: FilterPlan, use_filtered: Any) -> FusedFilterTables:
     if tables is None:
         n = plan.n_columns
         tables = FusedFilterTables(
-            pairs=cupy.asarray(circle_pairs(plan, cupy.asnumpy(use_filtered))),
+            pairs=cupy.asarray(circle_pairs(plan)),
             twiddles=cupy.asarray(twiddles(n)),
             radices=cupy.asarray(np.array(radices(n), dtype=np.int32)),
         )  # fmt: skip
@@ -367,7 +367,7 @@ def fused_filter_and_combine(
     if not fused_filter_supports(n):
         raise ValueError(f"the fused polar filter needs circles of at most {_MAX_SHARED_BYTES // 32} points whose "
                          f"prime factors are at most 5; found {n}")
-    tables = fused_tables(plan, device_tables.use_filtered)
+    tables = fused_tables(plan)
     shared_bytes = 32 * n
     kernel = _kernel(dtype, shared_bytes, THREADS)
     real = dtype.type

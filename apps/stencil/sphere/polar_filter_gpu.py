@@ -89,14 +89,18 @@ __global__ void polar_gather(real* values, const real* inc_h, const real* inc_u,
 }
 
 // Polar rows: out = a*base + b*(stage + value) on rows[r], columns [i0, i0 + n) of the three fields,
-// value = filtered[f][r][c] where use_filtered[f * n_rows + r] != 0, else raw[f][r][c] (both (3, n_rows, n)).
-template <typename real>
+// value = (real)(filtered[f][r][c] / divisor) where use_filtered[f * n_rows + r] != 0, else raw[f][r][c]
+// (both (3, n_rows, n)). With the unnormalised float64 inverse transform as ``filtered`` and divisor n this
+// is irfft's normalisation (true division in float64) and astype's cast, done here instead of in two
+// passes over the block; with filtered values of the field dtype and divisor 1 it is the value itself
+// (x / 1.0 and float -> double -> float are exact).
+template <typename real, typename stored>
 __global__ void polar_combine(
     real* out_h, real* out_u, real* out_v,
     const real* base_h, const real* base_u, const real* base_v,
     const real* h, const real* u, const real* v,
-    const real* raw, const real* filtered, const signed char* use_filtered, const int* rows,
-    const real a, const real b, const int n_rows, const int i0, const int n, const int n_columns)
+    const real* raw, const stored* filtered, const double divisor, const signed char* use_filtered,
+    const int* rows, const real a, const real b, const int n_rows, const int i0, const int n, const int n_columns)
 {
     const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
     const int r = (int)blockIdx.y;
@@ -106,33 +110,7 @@ __global__ void polar_combine(
     }
     const long long k = (long long)rows[r] * n_columns + i0 + c;
     const long long m = ((long long)f * n_rows + r) * n + c;
-    const real value = use_filtered[f * n_rows + r] != 0 ? filtered[m] : raw[m];
-    real* out = f == 0 ? out_h : (f == 1 ? out_u : out_v);
-    const real* base = f == 0 ? base_h : (f == 1 ? base_u : base_v);
-    const real* stage = f == 0 ? h : (f == 1 ? u : v);
-    out[k] = a * base[k] + b * (stage[k] + value);
-}
-
-// polar_combine with the filtered value taken from the unnormalised float64 inverse transform:
-// value = (real)(inverse[m] / length), irfft's normalisation (true division in float64) and astype's
-// cast, done here instead of in two passes over the (3, n_rows, n) block.
-template <typename real>
-__global__ void polar_combine_unnormalised(
-    real* out_h, real* out_u, real* out_v,
-    const real* base_h, const real* base_u, const real* base_v,
-    const real* h, const real* u, const real* v,
-    const real* raw, const double* inverse, const double length, const signed char* use_filtered, const int* rows,
-    const real a, const real b, const int n_rows, const int i0, const int n, const int n_columns)
-{
-    const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
-    const int r = (int)blockIdx.y;
-    const int f = (int)blockIdx.z;
-    if (c >= n) {
-        return;
-    }
-    const long long k = (long long)rows[r] * n_columns + i0 + c;
-    const long long m = ((long long)f * n_rows + r) * n + c;
-    const real value = use_filtered[f * n_rows + r] != 0 ? (real)(inverse[m] / length) : raw[m];
+    const real value = use_filtered[f * n_rows + r] != 0 ? (real)((double)filtered[m] / divisor) : raw[m];
     real* out = f == 0 ? out_h : (f == 1 ? out_u : out_v);
     const real* base = f == 0 ? base_h : (f == 1 ? base_u : base_v);
     const real* stage = f == 0 ? h : (f == 1 ? u : v);
@@ -141,6 +119,7 @@ __global__ void polar_combine_unnormalised(
 """
 
 _REAL = {np.dtype(np.float64): "double", np.dtype(np.float32): "float"}
+_COMBINE_NAMES = ("polar_combine<double, double>", "polar_combine<float, double>", "polar_combine<float, float>")
 _THREADS = 256
 
 
@@ -149,8 +128,7 @@ def _module() -> Any:
     """The compiled CuPy RawModule holding the gather and combine kernels for both dtypes (built once)."""
     import cupy
 
-    names = tuple(f"{kernel}<{real}>" for kernel in ("polar_gather", "polar_combine", "polar_combine_unnormalised")
-                  for real in _REAL.values())
+    names = tuple(f"polar_gather<{real}>" for real in _REAL.values()) + _COMBINE_NAMES
     return cupy.RawModule(code=_SOURCE, options=("--fmad=false",), name_expressions=names)
 
 
@@ -185,17 +163,16 @@ def device_tables(plan: FilterPlan) -> DeviceFilterTables:
     if tables is None:
         n_rows = len(plan.rows)
         n_modes = next(s.size for row in plan.factors for s in row if s is not None)
+        use_filtered = plan.use_filtered()
         factors = np.ones((3, n_rows, n_modes))
-        use_filtered = np.zeros((3, n_rows), dtype=np.int8)
         for row_index, row_factors in enumerate(plan.factors):
             for field, s in enumerate(row_factors):
                 if s is not None:
                     factors[field, row_index] = s
-                    use_filtered[field, row_index] = 1
         tables = DeviceFilterTables(
             filtered_rows=plan.filtered_rows_like(cupy.empty(0)),
             rows=cupy.asarray(np.array(plan.rows, dtype=np.int32)),
-            use_filtered=cupy.asarray(use_filtered.reshape(-1)),
+            use_filtered=cupy.asarray(use_filtered),
             factors=cupy.asarray(factors.reshape(3 * n_rows, n_modes)),
         )  # fmt: skip
         plan.device_tables[key] = tables
@@ -318,12 +295,7 @@ def filter_and_combine_gpu(
         _filter_whole_circles(workspace, tables.factors)
         # irfft's normalisation ``out /= n`` (true division by the Python int n, in float64) and the
         # cast to the field dtype happen per value in the combine kernel: the same bits, one pass.
-        module.get_function(f"polar_combine_unnormalised<{_REAL[dtype]}>")(
-            grid, (_THREADS,),
-            (*out, *base, *stage, workspace.raw, workspace.inverse, np.float64(n), tables.use_filtered, tables.rows,
-             real(a), real(b), *sizes),
-        )  # fmt: skip
-        return
+        raw, filtered, divisor = workspace.raw, workspace.inverse, n
     else:
         # (3, n_filtered_rows, n): the raw increments dt*L of the polar rows' owned columns.
         raw = cupy.empty((3, n_rows, n), dtype=dtype)
@@ -332,11 +304,14 @@ def filter_and_combine_gpu(
         # copy and the MPI allgather (MPI knows nothing of CUDA streams).
         cupy.cuda.get_current_stream().synchronize()
         block = np.ascontiguousarray(cupy.asnumpy(raw).transpose(1, 0, 2))
+        # filter_circles copies unfiltered fields through; the combine takes raw there anyway.
         filtered = cupy.asarray(np.ascontiguousarray(filter_circles(gather(block), plan, dtype).transpose(1, 0, 2)))
-        use_filtered = tables.use_filtered  # filter_circles already copied unfiltered fields through
-    module.get_function(f"polar_combine<{_REAL[dtype]}>")(
+        divisor = 1
+    stored = _REAL[np.dtype(filtered.dtype)]
+    module.get_function(f"polar_combine<{_REAL[dtype]}, {stored}>")(
         grid, (_THREADS,),
-        (*out, *base, *stage, raw, filtered, use_filtered, tables.rows, real(a), real(b), *sizes),
+        (*out, *base, *stage, raw, filtered, np.float64(divisor), tables.use_filtered, tables.rows,
+         real(a), real(b), *sizes),
     )  # fmt: skip
 
 

@@ -63,7 +63,8 @@ def test_every_circle_is_in_one_block_with_a_circle_of_its_field(nx, ny, latitud
     plan = make_filter_plan(p, 0, p.ny, 0, p.nx)
     n_rows = len(plan.rows)
     use_filtered = np.array([[s is not None for s in row] for row in plan.factors], dtype=np.int8).T.reshape(-1)
-    pairs = circle_pairs(plan, use_filtered)
+    assert np.array_equal(plan.use_filtered(), use_filtered)
+    pairs = circle_pairs(plan)
     circles = pairs[pairs >= 0]
     assert sorted(circles.tolist()) == list(range(3 * n_rows))
     for first, second in pairs:

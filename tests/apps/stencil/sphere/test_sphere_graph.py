@@ -111,9 +111,9 @@ def _old_filter_and_combine_gpu(out, base, stage, increment, a, b, plan):
     module.get_function(f"polar_gather<{_REAL[dtype]}>")(grid, (_THREADS,), (raw, *increment, tables.rows, *sizes))
     spectrum = cupy.fft.rfft(raw.reshape(3 * n_rows, n), axis=-1) * tables.factors
     filtered = cupy.fft.irfft(spectrum, n=n, axis=-1).astype(dtype, copy=False)
-    module.get_function(f"polar_combine<{_REAL[dtype]}>")(
+    module.get_function(f"polar_combine<{_REAL[dtype]}, {_REAL[dtype]}>")(   # the stored values, divided by 1
         grid, (_THREADS,),
-        (*out, *base, *stage, raw, filtered, tables.use_filtered, tables.rows, dtype.type(a), dtype.type(b), *sizes),
+        (*out, *base, *stage, raw, filtered, np.float64(1.0), tables.use_filtered, tables.rows, dtype.type(a), dtype.type(b), *sizes),
     )  # fmt: skip
     return filtered.reshape(3 * n_rows, n)
 
