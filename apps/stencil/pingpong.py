@@ -21,6 +21,9 @@ Without overlap (``overlap=False``) the whole owned block is one sweep, followed
 exchange: one launch instead of rim + interior, the better schedule when the exchange is short. A
 job of one rank always steps this way: its exchange only copies its own periodic faces, there is
 nothing in flight to hide, and the thin rim slabs (strided along x) would cost bandwidth for nothing.
+Where the sweep can fill those faces itself (``self_filling_sweep=True``: one rank, periodic along
+every axis), a step is that one sweep and no exchange at all: the sweep stores each boundary value
+into the opposite ghost as it computes it, instead of a second kernel reading the faces back.
 
 With ``peer_halo=True`` (GPUs of one node, rows split only) there is no exchange at all: each step is
 a wait for the neighbours' previous step, one sweep over the block, and one small kernel that stores
@@ -52,11 +55,20 @@ class PingPongStencil:
     peer_halo : bool
         GPUs of one node, grid split along rows only: boundary rows go straight into the neighbours'
         memory after each sweep instead of through an exchange (collective setup; same results).
+    self_filling_sweep : bool
+        ``sweep_fn`` also takes ``periodic_ghosts=True`` with the whole owned block as its region, and
+        then fills ``out``'s face ghosts periodically itself (as :func:`apps.stencil.heat3d.heat3d_step`
+        does). Used where that is the whole exchange: one rank, periodic along every axis; elsewhere
+        ignored. Same results.
     """
 
-    def __init__(self, grid, arch, dtype: str, name: str, sweep_fn, overlap: bool = True, peer_halo: bool = False):
+    def __init__(self, grid, arch, dtype: str, name: str, sweep_fn, overlap: bool = True, peer_halo: bool = False,
+                 self_filling_sweep: bool = False):
         self.grid, self.arch, self.sweep_fn = grid, arch, sweep_fn
         self.overlap = overlap and grid.comm.size > 1   # one rank: nothing in flight to hide
+        #: One rank, periodic everywhere, and a sweep that fills the faces: a step is one sweep.
+        self.sweep_fills_ghosts = (self_filling_sweep and not peer_halo and grid.comm.size == 1
+                                   and all(grid.periodic))
         self.current = hpcgpu.Field(grid, arch, halo_width=1, dtype=dtype, name=name)
         self.next = hpcgpu.Field(grid, arch, halo_width=1, dtype=dtype, name=name)
         self._first = self.current
@@ -104,6 +116,11 @@ class PingPongStencil:
                 self.sweep_fn(target.data, source.data, self.owned, residual)
             with timers.phase("communication"):
                 self.peer.put(target)
+            self.current, self.next = target, source
+            return
+        if self.sweep_fills_ghosts:
+            with timers.phase("compute"):
+                self.sweep_fn(target.data, source.data, self.owned, residual, periodic_ghosts=True)
             self.current, self.next = target, source
             return
         if not self.overlap:

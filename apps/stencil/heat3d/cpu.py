@@ -38,3 +38,17 @@ def heat3d_step_cpu(out, inp, region, r) -> None:
     if k1 > k0 and j1 > j0 and i1 > i0:
         dtype = out.dtype.type
         _step_rows(out, inp, k0, k1, j0, j1, i0, i1, dtype(r), dtype(6.0))
+
+
+def fill_periodic_faces(array) -> None:
+    """Copy each owned face of a padded 3D array (halo width 1) into the opposite ghost face, over the
+    owned part of the other two axes (edges and corners untouched). Mutates ``array``."""
+    owned = slice(1, -1)
+    for axis in range(3):
+        n = array.shape[axis] - 2
+
+        def at(index):
+            return tuple(index if a == axis else owned for a in range(3))
+
+        array[at(0)] = array[at(n)]
+        array[at(n + 1)] = array[at(1)]

@@ -3,7 +3,8 @@
 Each thread owns one (j, i) column of a tile of ``planes_per_thread`` planes and marches along z,
 keeping the value below, at and above the current plane in registers (each value loaded once per
 column; x and y neighbours come through L1). Compiled with ``--fmad=false`` so the arithmetic rounds
-exactly like the Numba kernel.
+exactly like the Numba kernel. With ``periodic_ghosts`` a thread that computes a boundary value also
+stores it into the opposite face ghost (a periodic exchange without corners, done by the sweep).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ template <typename T>
 __global__ void heat3d_march(T* __restrict__ out, const T* __restrict__ inp,
                              long long plane_stride, long long row_stride,
                              int k0, int k1, int j0, int j1, int i0, int i1,
-                             int planes_per_thread, T r) {
+                             int planes_per_thread, T r, int periodic_ghosts) {
     const int i = i0 + blockIdx.x * blockDim.x + threadIdx.x;
     const int j = j0 + blockIdx.y * blockDim.y + threadIdx.y;
     const int k_start = k0 + blockIdx.z * planes_per_thread;
@@ -42,7 +43,16 @@ __global__ void heat3d_march(T* __restrict__ out, const T* __restrict__ inp,
         const T above = inp[c + plane_stride];
         const T neighbours = ((inp[c + 1] + inp[c - 1]) + (inp[c + row_stride] + inp[c - row_stride]))
                              + (above + below);
-        out[c] = center + r * (neighbours - T(6) * center);
+        const T value = center + r * (neighbours - T(6) * center);
+        out[c] = value;
+        if (periodic_ghosts) {   // the region is the whole owned block: [k0, k1) = [1, nz + 1), ...
+            if (i == i0) out[c + (i1 - i0)] = value;
+            if (i == i1 - 1) out[c - (i1 - i0)] = value;
+            if (j == j0) out[c + (j1 - j0) * row_stride] = value;
+            if (j == j1 - 1) out[c - (j1 - j0) * row_stride] = value;
+            if (k == k0) out[c + (k1 - k0) * plane_stride] = value;
+            if (k == k1 - 1) out[c - (k1 - k0) * plane_stride] = value;
+        }
         below = center;
         center = above;
     }
@@ -68,7 +78,8 @@ def cuda_source() -> str:
     return _SOURCE
 
 
-def heat3d_step_gpu(out, inp, region, r, threads_x=None, threads_y=None, planes_per_thread=None) -> None:
+def heat3d_step_gpu(out, inp, region, r, threads_x=None, threads_y=None, planes_per_thread=None,
+                    periodic_ghosts=False) -> None:
     """Launch one step on CuPy arrays (arguments validated) on the current stream; no synchronisation."""
     k0, k1, j0, j1, i0, i1 = region
     if i1 - i0 < 8:
@@ -101,5 +112,6 @@ def heat3d_step_gpu(out, inp, region, r, threads_x=None, threads_y=None, planes_
         np.int64(inp.strides[1] // itemsize),
         *(np.int32(v) for v in (k0, k1, j0, j1, i0, i1, planes)),
         inp.dtype.type(r),
+        np.int32(1 if periodic_ghosts else 0),
     )
     _kernel(_kernel_name(inp.dtype))(grid, (threads_x, threads_y, 1), arguments)

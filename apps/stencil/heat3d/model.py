@@ -36,7 +36,8 @@ class Heat3DModel(StencilModel):
             raise ConfigurationError(f"--diffusion-number: {exc}") from None
         self.modes = tuple(options.modes)
         self.grid = hpcgpu.Decomposition(comm, self.global_shape, dims=options.dims, periodic=True)
-        self.stencil = PingPongStencil(self.grid, arch, self.dtype, "u", self._sweep, overlap=options.overlap)
+        self.stencil = PingPongStencil(self.grid, arch, self.dtype, "u", self._sweep, overlap=options.overlap,
+                                       self_filling_sweep=True)
         self.stencil.current.set_from_global(
             lambda z, y, x: initial_condition(z, y, x, self.global_shape, self.modes, self.dtype)
         )
@@ -46,8 +47,8 @@ class Heat3DModel(StencilModel):
         # A step reads the old value and writes the new one (hpcgpu.app.plausibility).
         self.min_bytes_per_update = 2 * np.dtype(self.dtype).itemsize
 
-    def _sweep(self, out, inp, region, residual):
-        heat3d_step(out, inp, region, self.r)
+    def _sweep(self, out, inp, region, residual, periodic_ghosts=False):
+        heat3d_step(out, inp, region, self.r, periodic_ghosts=periodic_ghosts)
 
     @property
     def fields(self):

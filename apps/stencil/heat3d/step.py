@@ -7,12 +7,16 @@ In padded local indices ``(k, j, i)`` (axis order z, y, x), a cell of the region
 
 evaluated in the data dtype in exactly this order (``6 * u`` and the product with ``r`` rounded in the
 data dtype, no FMA), so CPU, GPU and any split of the region give bitwise the same ``out``. No MPI
-happens here: the caller fills the periodic ghost cells (halo exchange) before each step.
+happens here: the caller fills the periodic ghost cells (halo exchange) before each step, or, for a
+box that is one block along every axis, asks the step to fill ``out``'s face ghosts itself
+(``periodic_ghosts=True``: the same values a periodic exchange without corners copies, written by
+the kernel that computes them, with no second pass over the faces).
 """
 
 from __future__ import annotations
 
 from apps.stencil.heat3d.problem import check_stability
+from hpcgpu.errors import ConfigurationError
 from apps.stencil.jacobi.arrays import check_padded_pair, check_region, is_cupy
 
 
@@ -25,6 +29,7 @@ def heat3d_step(
     threads_x: int | None = None,
     threads_y: int | None = None,
     planes_per_thread: int | None = None,
+    periodic_ghosts: bool = False,
 ) -> None:
     """Update ``out[k0:k1, j0:j1, i0:i1]`` from ``inp`` with one diffusion step. Mutates ``out``.
 
@@ -42,6 +47,12 @@ def heat3d_step(
     threads_x, threads_y, planes_per_thread : int, optional
         GPU launch shape (block ``threads_x x threads_y``, planes each thread marches through);
         ignored on the CPU. Defaults in :data:`apps.stencil.heat3d.gpu.DEFAULT_LAUNCH`.
+    periodic_ghosts : bool
+        Also fill ``out``'s six face ghosts periodically from the new values (``out[0] = out[nz]``,
+        ``out[nz + 1] = out[1]`` over the owned rows and columns, and likewise along y and x; edge
+        and corner ghosts untouched), as a periodic halo exchange without corners of a box that is
+        one block along every axis would. ``region`` must then be the whole owned block,
+        ``(1, nz + 1, 1, ny + 1, 1, nx + 1)``.
 
     Notes
     -----
@@ -51,14 +62,22 @@ def heat3d_step(
     check_padded_pair(out, inp, ndim=3, kernel="heat3d_step")
     bounds = check_region(region, inp.shape, kernel="heat3d_step")
     r = check_stability(r)
+    periodic_ghosts = bool(periodic_ghosts)
+    whole = tuple(v for n in inp.shape for v in (1, n - 1))
+    if periodic_ghosts and bounds != whole:
+        raise ConfigurationError(
+            f"heat3d_step: periodic_ghosts=True needs the whole owned block {whole} as the region, found {bounds}"
+        )
     if is_cupy(inp):
         from apps.stencil.heat3d.gpu import heat3d_step_gpu
 
-        heat3d_step_gpu(out, inp, bounds, r, threads_x, threads_y, planes_per_thread)
+        heat3d_step_gpu(out, inp, bounds, r, threads_x, threads_y, planes_per_thread, periodic_ghosts)
         return
-    from apps.stencil.heat3d.cpu import heat3d_step_cpu
+    from apps.stencil.heat3d.cpu import fill_periodic_faces, heat3d_step_cpu
 
     heat3d_step_cpu(out, inp, bounds, r)
+    if periodic_ghosts:
+        fill_periodic_faces(out)
 
 
 def n_lattice_updates(region) -> int:
