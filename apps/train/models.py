@@ -68,7 +68,10 @@ def large_mlp(n_inputs, n_classes, depth, width, activation="gelu", layer_norm=T
     dropout : float
         Drop probability in each hidden block (0 disables the layer).
     recompute : bool
-        Activation recomputation, one block per Linear.
+        Activation recomputation, one block per hidden layer (``[LayerNorm] -> activation ->
+        [Dropout] -> Linear``, the input Linear alone, the final ``activation -> Linear`` together):
+        between forward and backward only each block's input is held, one ``batch x width`` array
+        per hidden layer instead of two (``benchmarks/train_recompute_memory.py``).
     """
     if depth < 0 or width < 1:
         raise ValueError(f"large_mlp: expected depth >= 0 and width >= 1, found {depth}, {width}")
@@ -84,7 +87,8 @@ def large_mlp(n_inputs, n_classes, depth, width, activation="gelu", layer_norm=T
             layers.append(Dropout(dropout))
         layers.append(Linear(width, width))
     layers += [make_activation(), Linear(width, n_classes)]
-    return Sequential(layers, recompute=recompute)
+    hidden_block = int(layer_norm) + 1 + int(dropout > 0.0) + 1
+    return Sequential(layers, block_sizes=[1] + [hidden_block] * depth + [2], recompute=recompute)
 
 
 MODELS = {"mlp": mnist1d_mlp, "cnn": mnist1d_cnn}

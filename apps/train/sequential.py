@@ -251,8 +251,10 @@ class Sequential:
             block = self.blocks[block_index]
             if self._block_inputs is not None:
                 x = self._block_inputs[block_index]
+                self._block_inputs[block_index] = None   # freed as backward passes it, like saved activations
                 for layer in block:
                     x = layer.forward(x, self._ctx)
+                x = None   # the block's output: its gradient is ``grad``, the value is not needed
             for layer in reversed(block):
                 if layer is first_layer and not need_input_grad and isinstance(layer, Linear):
                     grad = layer.backward(grad, need_input_grad=False)
@@ -263,6 +265,35 @@ class Sequential:
                     on_grads_ready(*layer.param_range)
         self._block_inputs = None
         return grad
+
+    def saved_activation_bytes(self):
+        """Bytes of the arrays held for backward now: every layer's saved activations and, with
+        recomputation, the block inputs; a buffer referenced twice (a layer's saved input that is
+        also a block input, or a view of it) counts once. Between ``forward`` and ``backward`` of a
+        training step this is the activation memory that recomputation trades for compute.
+
+        Returns
+        -------
+        int
+            Bytes (NumPy or CuPy arrays, any dtype).
+        """
+        def root(array):
+            while getattr(array, "base", None) is not None:
+                array = array.base
+            return array
+
+        held = [value for leaf in self.leaves() for key, value in vars(leaf).items() if key.startswith("_saved")]
+        held += list(self._block_inputs or ())
+        parameters = {id(root(buffer)) for buffer in (getattr(self, "params", None), getattr(self, "grads", None))
+                      if buffer is not None}
+        buffers = {}
+        for value in held:
+            if not hasattr(value, "nbytes") or not hasattr(value, "dtype"):
+                continue   # shapes, tuples, None
+            base = root(value)
+            if id(base) not in parameters:   # a bias kept for backward is a parameter, not an activation
+                buffers[id(base)] = int(base.nbytes)
+        return sum(buffers.values())
 
     def __repr__(self):
         inner = ",\n    ".join(repr(layer) for layer in self.layers)
