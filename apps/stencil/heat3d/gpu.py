@@ -16,9 +16,10 @@ import numpy as np
 from hpcgpu.errors import ConfigurationError
 
 DEFAULT_LAUNCH = (64, 8, 8)
-"""threads_x, threads_y, planes_per_thread of a block. Best or within 1% of the best of 16 shapes at five
-sizes (160 x 1000 x 1000 to 256^3) on one H200, with and without ``periodic_ghosts``: 79-88% of the
-copy bandwidth for the one-rank step at every size, where the former (32, 8, 16) gave 65-78%."""
+"""threads_x, threads_y, planes_per_thread of a block. On one H200, at five sizes (160 x 1000 x 1000 to
+256^3): best or within 1% of the best of 16 shapes for the one-rank step (``periodic_ghosts``), 79-88%
+of the copy bandwidth where the former (32, 8, 16) gave 65-78%; without ghosts (a rank's interior)
+within 1% of the best of the four shapes timed, 77-83%."""
 THIN_X_LAUNCH = (1, 64, 2)
 """Default for regions narrower than 8 cells in x (the x faces of the overlapped rim): one column per
 block row, so no thread of a warp idles, and short marches, so the few columns still fill the GPU."""

@@ -16,8 +16,8 @@ the kernel that computes them, with no second pass over the faces).
 from __future__ import annotations
 
 from apps.stencil.heat3d.problem import check_stability
-from hpcgpu.errors import ConfigurationError
 from apps.stencil.jacobi.arrays import check_padded_pair, check_region, is_cupy
+from hpcgpu.errors import ConfigurationError
 
 
 def heat3d_step(
