@@ -130,9 +130,13 @@ class Layer:
     def backward(self, grad_out):
         raise NotImplementedError
 
+    def saved_state(self):
+        """The values this layer keeps from forward for backward: its ``_saved*`` attributes, by name."""
+        return {key: value for key, value in vars(self).items() if key.startswith("_saved")}
+
     def release(self):
         """Forget saved activations (they are recomputed when needed)."""
-        for key in [k for k in vars(self) if k.startswith("_saved")]:
+        for key in self.saved_state():
             setattr(self, key, None)
 
     def __repr__(self):

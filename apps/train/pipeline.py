@@ -61,12 +61,8 @@ def stash_activations(model):
     list of (object, dict)
         Pass it to :func:`restore_activations` before that micro-batch's backward.
     """
-    owners = list(model.leaves()) + [model]
-    stash = []
-    for owner in owners:
-        saved = {key: value for key, value in vars(owner).items()
-                 if key.startswith("_saved") or key in ("_block_inputs", "_ctx")}
-        stash.append((owner, saved))
+    stash = [(leaf, leaf.saved_state()) for leaf in model.leaves()]
+    stash.append((model, {key: value for key, value in vars(model).items() if key in ("_block_inputs", "_ctx")}))
     return stash
 
 

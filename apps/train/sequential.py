@@ -282,7 +282,7 @@ class Sequential:
                 array = array.base
             return array
 
-        held = [value for leaf in self.leaves() for key, value in vars(leaf).items() if key.startswith("_saved")]
+        held = [value for leaf in self.leaves() for value in leaf.saved_state().values()]
         held += list(self._block_inputs or ())
         parameters = {id(root(buffer)) for buffer in (getattr(self, "params", None), getattr(self, "grads", None))
                       if buffer is not None}
