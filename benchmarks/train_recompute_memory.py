@@ -2,15 +2,19 @@
 
 For each model (``large-mlp``: the benchmark MLP of ``benchmarks/train_ddp.py``, one recomputation
 block per Linear; ``residual-mlp``: the split model's residual blocks, one block each) and each
-setting of ``recompute``, one training step's forward and backward run on the CPU (NumPy) and the
-program reports:
+setting of ``recompute``, one training step's forward and backward run on the CPU (NumPy, the
+default) or with ``--backend gpu`` on the current GPU (CuPy), and the program reports:
 
 * ``held``: the bytes the model holds for backward after the forward pass
   (:meth:`apps.train.sequential.Sequential.saved_activation_bytes`: saved activations, or with
-  recomputation the block inputs; the same count on a GPU, where these arrays live in device memory);
-* ``peak``: the peak of memory allocated during forward + backward above what was allocated before
-  (``tracemalloc``, which NumPy reports its buffers to), parameters and gradients excluded;
-* ``time``: forward + backward, seconds (the price: one more forward per block);
+  recomputation the block inputs);
+* ``peak``: the peak of memory allocated during forward + backward above what was allocated before,
+  parameters, gradients and the input excluded. CPU: ``tracemalloc``, which NumPy reports its buffers
+  to. GPU: the bytes handed out by CuPy's memory pool (a ``cupy.cuda.MemoryHook`` counting each
+  allocation's rounded size until it is freed), so cuBLAS workspaces and the pool's cached free
+  blocks are not counted;
+* ``time``: forward + backward, seconds (the price: one more forward per block); on the GPU after one
+  untimed warm-up step (kernel compilation), synchronised;
 
 and checks that the gradients with and without recomputation are bitwise equal.
 
@@ -18,6 +22,7 @@ Usage::
 
     python3 benchmarks/train_recompute_memory.py                       # both models, width 1024, depth 8, batch 1024
     python3 benchmarks/train_recompute_memory.py --model residual-mlp --width 512 --hidden 2048 --batch 256
+    python3 benchmarks/train_recompute_memory.py --backend gpu --batch 8192           # on one GPU
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import contextlib
 import time
 import tracemalloc
 from pathlib import Path
@@ -50,6 +56,8 @@ def parse_arguments(argv=None):
     parser.add_argument("--depth", type=int, default=8, help="hidden layers / residual blocks [8]")
     parser.add_argument("--batch", type=int, default=1024, help="samples per step [1024]")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--backend", choices=("cpu", "gpu"), default="cpu",
+                        help="cpu: NumPy [default]; gpu: CuPy on the current device")
     parser.add_argument("--json", metavar="FILE", help="write the rows as JSON")
     return parser.parse_args(argv)
 
@@ -62,33 +70,83 @@ def build(kind: str, args, recompute: bool) -> Sequential:
     return Sequential(mlp_layers(spec), recompute=recompute)
 
 
-def measure(kind: str, args, recompute: bool, x: np.ndarray) -> dict:
-    """One forward + backward of a fresh model; returns the row (gradients under ``"grads"``)."""
+class _PeakTracker:
+    """Peak of bytes allocated above the level at ``start``: ``tracemalloc`` on the CPU, a CuPy memory
+    hook on the GPU (each pool allocation's rounded size, from malloc until free)."""
+
+    def __init__(self, gpu: bool):
+        self.gpu = gpu
+        self.current = self.peak = 0
+
+    @contextlib.contextmanager
+    def tracking(self):
+        if not self.gpu:
+            tracemalloc.start()
+            before = tracemalloc.get_traced_memory()[0]
+            try:
+                yield self
+            finally:
+                self.peak = tracemalloc.get_traced_memory()[1] - before
+                tracemalloc.stop()
+            return
+        import cupy
+
+        tracker = self
+
+        class Hook(cupy.cuda.MemoryHook):
+            name = "recompute_peak"
+
+            def malloc_postprocess(self, **kwargs):
+                tracker.current += kwargs["mem_size"]
+                tracker.peak = max(tracker.peak, tracker.current)
+
+            def free_postprocess(self, **kwargs):
+                tracker.current -= kwargs["mem_size"]
+
+        with Hook():
+            yield self
+
+
+def measure(kind: str, args, recompute: bool, x) -> dict:
+    """One forward + backward of a fresh model; returns the row (gradients, as NumPy, under ``"grads"``)."""
+    gpu = args.backend == "gpu"
+    if gpu:
+        import cupy as xp
+    else:
+        xp = np
     model = build(kind, args, recompute)
-    params = np.asarray(init_flat_parameters(model.layout, seed=0), dtype=args.dtype)
-    grads = np.zeros_like(params)
+    params = xp.asarray(np.asarray(init_flat_parameters(model.layout, seed=0), dtype=args.dtype))
+    grads = xp.zeros_like(params)
     model.bind(params, grads)
     context = ForwardContext(training=True, sample_index=np.arange(x.shape[0]))
-    grad_out = np.full((x.shape[0], args.classes), 1.0 / x.size, dtype=args.dtype)
-    tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
-    started = time.perf_counter()
-    model.forward(x, context)
-    held = model.saved_activation_bytes()
-    model.backward(grad_out, need_input_grad=False)
-    seconds = time.perf_counter() - started
-    peak = tracemalloc.get_traced_memory()[1] - before
-    tracemalloc.stop()
+    grad_out = xp.full((x.shape[0], args.classes), 1.0 / x.size, dtype=args.dtype)
+    synchronize = xp.cuda.Device().synchronize if gpu else (lambda: None)
+    synchronize()
+    tracker = _PeakTracker(gpu)
+    with tracker.tracking():
+        started = time.perf_counter()
+        model.forward(x, context)
+        held = model.saved_activation_bytes()
+        model.backward(grad_out, need_input_grad=False)
+        synchronize()
+        seconds = time.perf_counter() - started
     return {"model": kind, "recompute": recompute, "params": int(model.n_params), "held_bytes": held,
-            "peak_bytes": peak, "seconds": seconds, "grads": grads}
+            "peak_bytes": tracker.peak, "seconds": seconds, "grads": xp.asnumpy(grads) if gpu else grads}
 
 
 def main(argv=None) -> int:
     args = parse_arguments(argv)
     kinds = ("large-mlp", "residual-mlp") if args.model == "both" else (args.model,)
     x = np.random.default_rng(1).standard_normal((args.batch, args.inputs)).astype(args.dtype)
+    if args.backend == "gpu":
+        import cupy
+
+        x = cupy.asarray(x)
     rows = []
     for kind in kinds:
+        if args.backend == "gpu":   # compile the kernels outside the timed steps
+            for recompute in (False, True):
+                measure(kind, args, recompute, x)
         pair = [measure(kind, args, recompute, x) for recompute in (False, True)]
         equal = bool(np.array_equal(pair[0]["grads"], pair[1]["grads"]))
         for row in pair:
@@ -96,7 +154,7 @@ def main(argv=None) -> int:
             row["grads_equal"] = equal
         rows += pair
     hidden = args.hidden or 4 * args.width
-    print(f"recomputation memory, CPU, {args.dtype}, batch {args.batch}, width {args.width}, depth {args.depth}"
+    print(f"recomputation memory, {args.backend.upper()}, {args.dtype}, batch {args.batch}, width {args.width}, depth {args.depth}"
           f" (residual-mlp hidden {hidden}), {args.inputs} inputs, {args.classes} classes")
     print(f"{'model':14s} {'recompute':>9s} {'params':>11s} {'held MB':>9s} {'peak MB':>9s} {'time s':>8s}  gradients")
     for row in rows:

@@ -176,17 +176,21 @@ __device__ __forceinline__ void march_rows(
     lane base_h_0 = load_or_zero<real, ALIGNED>(base_h, jb, n_rows, columns, nx, zero);
     lane base_u_0 = load_or_zero<real, ALIGNED>(base_u, jb, n_rows, columns, nx, zero);
     lane base_v_0 = load_or_zero<real, ALIGNED>(base_v, jb, n_rows, columns, nx, zero);
+    // The last rows the march uses, plus one: u and v to row je + 1, h to je, base to je - 1. Rows
+    // loaded ahead past them (the next warp's rows, read by it out of phase with this one) are not
+    // loaded: zero, never used.
+    const int uv_rows = min(n_rows, je + 2), h_rows = min(n_rows, je + 1), base_rows = min(n_rows, je);
     // The rows loaded ahead (AHEAD steps in flight): at the top of step j, slot s < AHEAD - 1 holds
     // u, v at row j + 3 + s, h at row j + 2 + s and base at row j + 1 + s; each step loads the last slot.
     lane u_ahead[AHEAD], v_ahead[AHEAD], h_ahead[AHEAD], base_h_ahead[AHEAD], base_u_ahead[AHEAD], base_v_ahead[AHEAD];
 #pragma unroll
     for (int slot = 0; slot < AHEAD - 1; ++slot) {
-        u_ahead[slot] = load_or_zero<real, ALIGNED>(u, jb + 3 + slot, n_rows, columns, nx, zero);
-        v_ahead[slot] = load_or_zero<real, ALIGNED>(v, jb + 3 + slot, n_rows, columns, nx, zero);
-        h_ahead[slot] = load_or_zero<real, ALIGNED>(h, jb + 2 + slot, n_rows, columns, nx, zero);
-        base_h_ahead[slot] = load_or_zero<real, ALIGNED>(base_h, jb + 1 + slot, n_rows, columns, nx, zero);
-        base_u_ahead[slot] = load_or_zero<real, ALIGNED>(base_u, jb + 1 + slot, n_rows, columns, nx, zero);
-        base_v_ahead[slot] = load_or_zero<real, ALIGNED>(base_v, jb + 1 + slot, n_rows, columns, nx, zero);
+        u_ahead[slot] = load_or_zero<real, ALIGNED>(u, jb + 3 + slot, uv_rows, columns, nx, zero);
+        v_ahead[slot] = load_or_zero<real, ALIGNED>(v, jb + 3 + slot, uv_rows, columns, nx, zero);
+        h_ahead[slot] = load_or_zero<real, ALIGNED>(h, jb + 2 + slot, h_rows, columns, nx, zero);
+        base_h_ahead[slot] = load_or_zero<real, ALIGNED>(base_h, jb + 1 + slot, base_rows, columns, nx, zero);
+        base_u_ahead[slot] = load_or_zero<real, ALIGNED>(base_u, jb + 1 + slot, base_rows, columns, nx, zero);
+        base_v_ahead[slot] = load_or_zero<real, ALIGNED>(base_v, jb + 1 + slot, base_rows, columns, nx, zero);
     }
 
     const lane u_m1_west = from_west(u_m1), u_m1_east = from_east(u_m1);
@@ -221,12 +225,12 @@ __device__ __forceinline__ void march_rows(
 
     for (int j = jb; j < je; ++j) {
         // Loads for AHEAD steps later first: their latency hides behind the arithmetic of the steps between.
-        u_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(u, j + 2 + AHEAD, n_rows, columns, nx, zero);
-        v_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(v, j + 2 + AHEAD, n_rows, columns, nx, zero);
-        h_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(h, j + 1 + AHEAD, n_rows, columns, nx, zero);
-        base_h_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(base_h, j + AHEAD, n_rows, columns, nx, zero);
-        base_u_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(base_u, j + AHEAD, n_rows, columns, nx, zero);
-        base_v_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(base_v, j + AHEAD, n_rows, columns, nx, zero);
+        u_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(u, j + 2 + AHEAD, uv_rows, columns, nx, zero);
+        v_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(v, j + 2 + AHEAD, uv_rows, columns, nx, zero);
+        h_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(h, j + 1 + AHEAD, h_rows, columns, nx, zero);
+        base_h_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(base_h, j + AHEAD, base_rows, columns, nx, zero);
+        base_u_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(base_u, j + AHEAD, base_rows, columns, nx, zero);
+        base_v_ahead[AHEAD - 1] = load_or_zero<real, ALIGNED>(base_v, j + AHEAD, base_rows, columns, nx, zero);
 
         // Row j + 1: Laplacians, V, q; row j: U, B.
         const lane u_p1_west = from_west(u_p1), u_p1_east = from_east(u_p1);

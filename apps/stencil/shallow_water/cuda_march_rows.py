@@ -101,18 +101,21 @@ __global__ void __launch_bounds__(128) swe_stage_march_rows(
     real base_h_0 = cell_or_zero(base_h, jb, n_rows, column_in, column, nx);
     real base_u_0 = cell_or_zero(base_u, jb, n_rows, column_in, column, nx);
     real base_v_0 = cell_or_zero(base_v, jb, n_rows, column_in, column, nx);
+    // The last rows the march uses, plus one: u, v, h, f to row je, topography and base to je - 1.
+    // Rows loaded ahead past them (the next warp's rows) are not loaded: zero, never used.
+    const int cell_rows = min(n_rows, je + 1), row_rows = min(n_rows, je);
     real u_ahead[AHEAD], v_ahead[AHEAD], h_ahead[AHEAD], coriolis_ahead[AHEAD], topography_ahead[AHEAD];
     real base_h_ahead[AHEAD], base_u_ahead[AHEAD], base_v_ahead[AHEAD];
 #pragma unroll
     for (int slot = 0; slot < AHEAD - 1; ++slot) {
-        u_ahead[slot] = cell_or_zero(u, jb + 2 + slot, n_rows, column_in, column, nx);
-        v_ahead[slot] = cell_or_zero(v, jb + 2 + slot, n_rows, column_in, column, nx);
-        h_ahead[slot] = cell_or_zero(h, jb + 2 + slot, n_rows, column_in, column, nx);
-        coriolis_ahead[slot] = coriolis_at<real, ROW_F>(coriolis, jb + 2 + slot, n_rows, column_in, column, nx);
-        topography_ahead[slot] = topography_at<real, FLAT>(topography, jb + 1 + slot, n_rows, column_in, column, nx);
-        base_h_ahead[slot] = cell_or_zero(base_h, jb + 1 + slot, n_rows, column_in, column, nx);
-        base_u_ahead[slot] = cell_or_zero(base_u, jb + 1 + slot, n_rows, column_in, column, nx);
-        base_v_ahead[slot] = cell_or_zero(base_v, jb + 1 + slot, n_rows, column_in, column, nx);
+        u_ahead[slot] = cell_or_zero(u, jb + 2 + slot, cell_rows, column_in, column, nx);
+        v_ahead[slot] = cell_or_zero(v, jb + 2 + slot, cell_rows, column_in, column, nx);
+        h_ahead[slot] = cell_or_zero(h, jb + 2 + slot, cell_rows, column_in, column, nx);
+        coriolis_ahead[slot] = coriolis_at<real, ROW_F>(coriolis, jb + 2 + slot, cell_rows, column_in, column, nx);
+        topography_ahead[slot] = topography_at<real, FLAT>(topography, jb + 1 + slot, row_rows, column_in, column, nx);
+        base_h_ahead[slot] = cell_or_zero(base_h, jb + 1 + slot, row_rows, column_in, column, nx);
+        base_u_ahead[slot] = cell_or_zero(base_u, jb + 1 + slot, row_rows, column_in, column, nx);
+        base_v_ahead[slot] = cell_or_zero(base_v, jb + 1 + slot, row_rows, column_in, column, nx);
     }
 
     // Carried quantities at the first row: U(jb - 1), V(jb), q(jb), B(jb - 1).
@@ -138,14 +141,14 @@ __global__ void __launch_bounds__(128) swe_stage_march_rows(
     }
 
     for (int j = jb; j < je; ++j) {
-        u_ahead[AHEAD - 1] = cell_or_zero(u, j + 1 + AHEAD, n_rows, column_in, column, nx);
-        v_ahead[AHEAD - 1] = cell_or_zero(v, j + 1 + AHEAD, n_rows, column_in, column, nx);
-        h_ahead[AHEAD - 1] = cell_or_zero(h, j + 1 + AHEAD, n_rows, column_in, column, nx);
-        coriolis_ahead[AHEAD - 1] = coriolis_at<real, ROW_F>(coriolis, j + 1 + AHEAD, n_rows, column_in, column, nx);
-        topography_ahead[AHEAD - 1] = topography_at<real, FLAT>(topography, j + AHEAD, n_rows, column_in, column, nx);
-        base_h_ahead[AHEAD - 1] = cell_or_zero(base_h, j + AHEAD, n_rows, column_in, column, nx);
-        base_u_ahead[AHEAD - 1] = cell_or_zero(base_u, j + AHEAD, n_rows, column_in, column, nx);
-        base_v_ahead[AHEAD - 1] = cell_or_zero(base_v, j + AHEAD, n_rows, column_in, column, nx);
+        u_ahead[AHEAD - 1] = cell_or_zero(u, j + 1 + AHEAD, cell_rows, column_in, column, nx);
+        v_ahead[AHEAD - 1] = cell_or_zero(v, j + 1 + AHEAD, cell_rows, column_in, column, nx);
+        h_ahead[AHEAD - 1] = cell_or_zero(h, j + 1 + AHEAD, cell_rows, column_in, column, nx);
+        coriolis_ahead[AHEAD - 1] = coriolis_at<real, ROW_F>(coriolis, j + 1 + AHEAD, cell_rows, column_in, column, nx);
+        topography_ahead[AHEAD - 1] = topography_at<real, FLAT>(topography, j + AHEAD, row_rows, column_in, column, nx);
+        base_h_ahead[AHEAD - 1] = cell_or_zero(base_h, j + AHEAD, row_rows, column_in, column, nx);
+        base_u_ahead[AHEAD - 1] = cell_or_zero(base_u, j + AHEAD, row_rows, column_in, column, nx);
+        base_v_ahead[AHEAD - 1] = cell_or_zero(base_v, j + AHEAD, row_rows, column_in, column, nx);
 
         // Row j + 1: V, q. Row j: U, B.
         const real h_p1_west = west_of(h_p1);
