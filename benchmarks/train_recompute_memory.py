@@ -156,10 +156,10 @@ def main(argv=None) -> int:
     hidden = args.hidden or 4 * args.width
     print(f"recomputation memory, {args.backend.upper()}, {args.dtype}, batch {args.batch}, width {args.width}, depth {args.depth}"
           f" (residual-mlp hidden {hidden}), {args.inputs} inputs, {args.classes} classes")
-    print(f"{'model':14s} {'recompute':>9s} {'params':>11s} {'held MB':>9s} {'peak MB':>9s} {'time s':>8s}  gradients")
+    print(f"{'model':14s} {'recompute':>9s} {'params':>11s} {'held MB':>9s} {'peak MB':>9s} {'time ms':>9s}  gradients")
     for row in rows:
         print(f"{row['model']:14s} {str(row['recompute']):>9s} {row['params']:11,d} {row['held_bytes'] / 1e6:9.1f} "
-              f"{row['peak_bytes'] / 1e6:9.1f} {row['seconds']:8.2f}  "
+              f"{row['peak_bytes'] / 1e6:9.1f} {row['seconds'] * 1e3:9.1f}  "
               f"{'bitwise equal' if row['grads_equal'] else 'DIFFERENT'}")
     for kind in kinds:
         without, with_ = (row for row in rows if row["model"] == kind)
