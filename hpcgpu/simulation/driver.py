@@ -99,30 +99,56 @@ def setup_architecture(comm, options):
     return arch
 
 
-def use_graphs(graph: bool | None, arch, model) -> bool:
+#: Transports whose halo messages a CUDA graph can hold: NCCL's calls are stream operations. ``mpi-cuda``
+#: and ``mpi-staged`` synchronise the stream and call MPI on the host, which a graph would not replay: a
+#: captured step would skip its messages (stale ghosts) or the capture fails.
+CAPTURABLE_TRANSPORTS = ("nccl",)
+
+
+def graph_blocker(arch, model, transport: str | None = None, n_ranks: int = 1) -> str | None:
+    """Why the model's steps can never be replayed as CUDA graphs in this job, or None.
+
+    ``model.graph_unsupported``, else, on several ranks of a GPU job whose steps exchange through the
+    job's transport (:attr:`Model.steps_use_job_transport`), a ``transport`` outside
+    :data:`CAPTURABLE_TRANSPORTS`. The same on every rank: the transport is agreed by all ranks.
+    """
+    if model.graph_unsupported is not None:
+        return model.graph_unsupported
+    if arch.is_gpu and n_ranks > 1 and model.steps_use_job_transport and transport is not None \
+            and transport not in CAPTURABLE_TRANSPORTS:
+        return (f"its halo exchanges between ranks go through the {transport} transport (MPI called on the host), "
+                "which a CUDA graph cannot hold; graphs need the nccl transport")
+    return None
+
+
+def use_graphs(graph: bool | None, arch, model, transport: str | None = None, n_ranks: int = 1) -> bool:
     """Whether the driver replays the model's steps as CUDA graphs.
 
     Parameters
     ----------
     graph : bool or None
-        True (``--graph``): on, refused for a model that can never be captured; False
-        (``--no-graph``): eager; None (default): on where the model can be captured.
+        True (``--graph``): on, refused where the steps can never be captured (:func:`graph_blocker`);
+        False (``--no-graph``): eager; None (default): on where they can be captured.
     arch : hpcgpu.arch.CPU or GPU
         On a CPU there are no graphs (always False).
     model : Model
         ``model.graph_unsupported`` says why it can never be captured (None: it can).
+    transport : str or None
+        The job's transport name (``transport_choice(comm, arch).name``); None: not known (not checked).
+    n_ranks : int
+        Ranks of the job: one rank exchanges nothing between ranks.
 
     Raises
     ------
     ConfigurationError
-        ``graph`` is True on a GPU for a model that cannot be captured (the same on every rank).
+        ``graph`` is True on a GPU where the steps cannot be captured (the same on every rank).
     """
     if not arch.is_gpu or graph is False:
         return False
-    if graph and model.graph_unsupported is not None:
-        raise ConfigurationError(f"--graph does not apply to {model.name}: {model.graph_unsupported}. "
-                                 "Run without --graph.")
-    return model.graph_unsupported is None
+    blocker = graph_blocker(arch, model, transport, n_ranks)
+    if graph and blocker is not None:
+        raise ConfigurationError(f"--graph does not apply to {model.name}: {blocker}. Run without --graph.")
+    return blocker is None
 
 
 class Simulation:
@@ -227,10 +253,15 @@ class Simulation:
             self._print(f"{self.app} {hpcgpu.__version__}: {model.describe()}")
             for line in model.header_lines(comm, arch):
                 self._print(line)
-            self._print(f"transport: {transport_choice(comm, arch).describe()}")
+            transport = transport_choice(comm, arch)
+            self._print(f"transport: {transport.describe()}")
             if self.graph_requested and not arch.is_gpu:
                 self._print("note: --graph has no effect on the CPU")
-            graphs = use_graphs(self.graph_requested, arch, model)
+            graphs = use_graphs(self.graph_requested, arch, model, transport.name, comm.size)
+            blocker = graph_blocker(arch, model, transport.name, comm.size)
+            if arch.is_gpu and self.graph_requested is None and blocker is not None \
+                    and model.graph_unsupported is None:
+                self._print(f"note: steps run eagerly (no CUDA graphs): {blocker}")
             self.control = RunControl(comm, options, app=self.app, output=self.output, quiet=options.quiet,
                                       stop_check_every=model.stop_check_every, config=self.fingerprint)
             self.restarted = model.load_checkpoint(self.control) is not None

@@ -44,6 +44,11 @@ class Model:
     graph_unsupported : str or None
         Why this model can never be captured as a CUDA graph (a refusal of ``--graph``), None when it
         can be (then :meth:`capturable` decides step by step).
+    steps_use_job_transport : bool
+        Whether a step moves data between ranks through the job's transport (halo exchanges through
+        ``comm.job_transport``). Then, on several ranks, only a transport a CUDA graph can hold
+        (:data:`hpcgpu.simulation.driver.CAPTURABLE_TRANSPORTS`) allows graphs. Default True; a model
+        whose steps exchange by other means (peer stores) or not at all sets False.
     stop_check_every : int
         Steps between the ranks' agreement on stopping (signal, wall-time limit); long steps use 1.
     step_index : int
@@ -56,6 +61,7 @@ class Model:
     updates_per_step: float = 1
     min_bytes_per_update: float | None = None
     graph_unsupported: str | None = None
+    steps_use_job_transport = True
     stop_check_every = STOP_CHECK_EVERY
     step_index = 0
 

@@ -13,6 +13,7 @@ from hpcgpu.app.checksum import hash_arrays
 from hpcgpu.app.cli import FrozenOptions, common_parser, parse_args
 from hpcgpu.errors import ConfigurationError, NumericalError
 from hpcgpu.simulation import AtEnd, Model, Operation, Periodic, Simulation, Trigger, nccl_channel_limit, use_graphs
+from hpcgpu.simulation.driver import graph_blocker
 from hpcgpu.simulation import driver
 from hpcgpu.simulation.driver import graph_window
 from hpcgpu.simulation.triggers import Always
@@ -177,6 +178,27 @@ def test_graph_decision():
         use_graphs(True, gpu, never)
 
 
+def test_graphs_need_a_capturable_transport_between_ranks():
+    """A CUDA graph replays stream work only: halo messages that MPI sends from the host (mpi-staged,
+    mpi-cuda) would be skipped on replay, so several ranks exchanging through them step eagerly, and
+    --graph is refused with the reason; NCCL, one rank, or a model whose steps do not use the job's
+    transport (Jacobi's --peer-halo) keep graphs."""
+    gpu = types.SimpleNamespace(is_gpu=True)
+    swe = types.SimpleNamespace(name="swe", graph_unsupported=None, steps_use_job_transport=True)
+    peer = types.SimpleNamespace(name="jacobi", graph_unsupported=None, steps_use_job_transport=False)
+    for transport in ("mpi-staged", "mpi-cuda"):
+        assert use_graphs(None, gpu, swe, transport, n_ranks=2) is False
+        assert use_graphs(None, gpu, swe, transport, n_ranks=1) is True     # one rank: local copies only
+        assert use_graphs(None, gpu, peer, transport, n_ranks=2) is True
+        assert use_graphs(False, gpu, swe, transport, n_ranks=2) is False
+        with pytest.raises(ConfigurationError, match=f"--graph does not apply to swe: .*the {transport} transport"):
+            use_graphs(True, gpu, swe, transport, n_ranks=2)
+        assert transport in graph_blocker(gpu, swe, transport, 2)
+    assert use_graphs(None, gpu, swe, "nccl", n_ranks=2) is True
+    assert use_graphs(True, gpu, swe, "nccl", n_ranks=8) is True
+    assert graph_blocker(gpu, swe, "nccl", 2) is None and graph_blocker(hpcgpu.arch.CPU(), swe, "mpi", 2) is None
+
+
 def test_graph_flag_is_recorded_false_on_the_cpu(tmp_path, capsys):
     comm = hpcgpu.Communicator()
     arch = hpcgpu.arch.CPU()
@@ -249,7 +271,7 @@ class LateRecorder(Recorder):
 
 def _run_windows(directory, monkeypatch, graphs, final_step, nan_every, operations=(), output_every=0, extra=()):
     """Run the capturable toy with (``graphs``) or without fake CUDA graphs on the CPU."""
-    monkeypatch.setattr(driver, "use_graphs", lambda graph, arch, model: graphs)
+    monkeypatch.setattr(driver, "use_graphs", lambda graph, arch, model, *transport: graphs)
     monkeypatch.setattr(FakeGraph, "captured", [])
     comm = hpcgpu.Communicator()
     arch = hpcgpu.arch.CPU()
@@ -288,7 +310,7 @@ class KeyedFakeGraph(FakeGraph):
 def test_a_graph_replays_only_under_the_graph_key_it_was_captured_with(tmp_path, monkeypatch):
     """NaN check every 25: the eager steps at odd steps swap a ping-pong model's buffers; the driver keeps
     one graph per (length, graph_key) and never replays a graph on the swapped buffers."""
-    monkeypatch.setattr(driver, "use_graphs", lambda graph, arch, model: True)
+    monkeypatch.setattr(driver, "use_graphs", lambda graph, arch, model, *transport: True)
     monkeypatch.setattr(FakeGraph, "captured", [])
     comm = hpcgpu.Communicator()
     arch = hpcgpu.arch.CPU()

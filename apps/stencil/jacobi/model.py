@@ -39,6 +39,7 @@ class JacobiModel(StencilModel):
         self.fixed_columns = fixed_local_columns(self.grid.local_start[1], self.grid.local_shape[1], nx)
         self.stencil = PingPongStencil(self.grid, arch, self.dtype, "a", self._sweep, overlap=options.overlap,
                                        peer_halo=peer_halo)
+        self.steps_use_job_transport = not peer_halo   # --peer-halo: boundary rows stored into the neighbours
         for field in (self.stencil.current, self.stencil.next):
             padded_start = tuple(s for s in self.grid.local_start)
             fill_initial_state(field.data, padded_start, self.global_shape)
