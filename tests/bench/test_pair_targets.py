@@ -1,4 +1,4 @@
-"""benchmarks/pair_targets.py on two CPU ranks at its quick sizes: every run starts, the checksums of the
+"""benchmarks/pair_targets.py on two CPU ranks at its quick sizes, every section: every run starts, the checksums of the
 Jacobi schedules and of the pretend-node runs equal the plain ones, the split-model losses agree with
 one rank and their communication bytes with the formula; speed goals are shown, not judged, off the
 GPU pair; an existing output directory is refused."""
@@ -18,8 +18,8 @@ def _run(*args, timeout=600):
 
 def test_quick_cpu_campaign_checks_what_it_claims(tmp_path):
     out, rows_path = tmp_path / "campaign", tmp_path / "rows.json"
-    result = _run("--quick", "--backend", "cpu", "--only", "jacobi,swe,network,split", "--timeout", "300",
-                  "--output", str(out), "--json", str(rows_path))
+    result = _run("--quick", "--backend", "cpu", "--rounds", "2", "--timeout", "300", "--output", str(out),
+                  "--json", str(rows_path))
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     rows = json.loads(rows_path.read_text())["rows"]
     by_target = {row["target"]: row for row in rows}
@@ -30,8 +30,14 @@ def test_quick_cpu_campaign_checks_what_it_claims(tmp_path):
     for grid, kind in (("T = 2", "tensor"), ("P = 2, M = 4", "pipeline")):
         assert by_target[f"{grid}: loss curve against 1 rank (6 steps)"]["met"] is True
         assert by_target[f"{grid}: {kind} bytes per step and rank, measured / computed"]["met"] is True
-    speed = [row for row in rows if row["section"] in ("jacobi", "swe") and "checksums" not in row["target"]]
-    assert speed and all(row["met"] is None and "not judged here" in row["goal"] for row in speed)
+    speed = [row for row in rows if row["section"] in ("jacobi", "swe", "md", "train") and "checksums" not in row["target"]]
+    assert {row["section"] for row in speed} == {"jacobi", "swe", "md", "train"}
+    assert all(row["met"] is None and "not judged here" in row["goal"] for row in speed)
+    assert [row["target"] for row in rows if row["section"] == "md"] == [
+        "MD weak 1 -> 2 ranks, 256 atoms per rank", "MD weak 1 -> 2 ranks, 500 atoms per rank"]
+    assert any(row["target"].startswith("lat-lon weak 1 -> 2 ranks") for row in rows)
+    assert [row["target"] for row in rows if row["section"] == "train"] == ["training 1 -> 2 ranks, fp32"]
+    assert "median of 2 pairs" in next(row["measured"] for row in rows if row["section"] == "train")
     # every run kept its command and log
     runs = sorted(path for path in out.iterdir() if path.is_dir())
     assert len(runs) >= 15 and all((run / "command.txt").is_file() and (run / "log.txt").is_file() for run in runs)
