@@ -111,10 +111,13 @@ class Campaign:
         self._count = 0
 
     # ---------------------------------------------------------------------------------- launching
-    def run(self, name: str, args: list[str], ranks: int | None = None, env: dict | None = None) -> tuple[Path, str]:
+    def run(self, name: str, args: list[str], ranks: int | None = None, env: dict | None = None,
+            timeout: float | None = None) -> tuple[Path, str]:
         """Run ``python ARGS`` on ``ranks`` MPI ranks (None: one process without the launcher), with its
-        command and log under ``output/NN-name``; return (directory, log). ``{dir}`` in an argument is
-        that directory. Raises RuntimeError with the log's tail when the run fails or times out."""
+        command and log under ``output/NN-name``, killed after ``timeout`` s (default ``--timeout``);
+        return (directory, log). ``{dir}`` in an argument is that directory. Raises RuntimeError with the
+        log's tail when the run fails or times out."""
+        timeout = timeout or self.arguments.timeout
         self._count += 1
         directory = self.output / f"{self._count:02d}-{name}"
         directory.mkdir()
@@ -125,18 +128,18 @@ class Campaign:
             process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                        env={**os.environ, **(env or {})}, start_new_session=True)
             try:
-                log, _ = process.communicate(timeout=self.arguments.timeout)
+                log, _ = process.communicate(timeout=timeout)
                 code = process.returncode
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)   # the launcher's ranks too
                 log, _ = process.communicate()
-                code = f"timeout after {self.arguments.timeout:.0f} s"
+                code = f"timeout after {timeout:.0f} s"
         else:
             wrapper = [str(SIMULATE_NODES)] if (env or {}).get("HPCGPU_SIMULATE_NODES") else []
             command = mpiexec_command(ranks, [*wrapper, sys.executable, *args])
-            result = run_mpi(ranks, [*wrapper, sys.executable, *args], timeout=self.arguments.timeout, env=env, cwd=ROOT)
+            result = run_mpi(ranks, [*wrapper, sys.executable, *args], timeout=timeout, env=env, cwd=ROOT)
             log = result.output
-            code = f"timeout after {self.arguments.timeout:.0f} s" if result.timed_out else result.returncode
+            code = f"timeout after {timeout:.0f} s" if result.timed_out else result.returncode
         (directory / "command.txt").write_text(" ".join(f"{k}={v}" for k, v in (env or {}).items()) + " " +
                                                shlex.join(command) + "\n")
         (directory / "log.txt").write_text(log)
@@ -158,7 +161,8 @@ class Campaign:
         """Efficiency at 2 ranks of a ``hpcgpu.bench scaling --weak --ranks 1,2`` series."""
         directory, _ = self.run(name, ["-m", "hpcgpu.bench", "scaling", "--app", app, "--weak", "--ranks", "1,2",
                                        "--backend", self.backend, "--timeout", str(self.arguments.timeout),
-                                       "--output", "{dir}/series", "--", *args])
+                                       "--output", "{dir}/series", "--", *args],
+                                timeout=2 * self.arguments.timeout + 60)   # two runs, each under --timeout
         rows = json.loads((directory / "series" / "scaling.json").read_text())["rows"]
         one, two = (next(r for r in rows if r["n_ranks"] == n) for n in (1, 2))
         if one["status"] != "ok" or two["status"] != "ok":
