@@ -253,6 +253,8 @@ class Simulation:
             self._print(f"{self.app} {hpcgpu.__version__}: {model.describe()}")
             for line in model.header_lines(comm, arch):
                 self._print(line)
+            if arch.is_gpu and comm.size > 1:
+                select_transport(comm, arch)   # agreed by every rank (stored by setup_architecture: no message)
             transport = transport_choice(comm, arch)
             self._print(f"transport: {transport.describe()}")
             if self.graph_requested and not arch.is_gpu:
