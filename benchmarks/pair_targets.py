@@ -6,7 +6,7 @@ table rows (target, measured, fraction of the goal, met):
 
 * ``jacobi``: 16384^2, 1000 iterations, on 1 rank and on 2 ranks with every schedule (default: CUDA
   graphs, NCCL, interior overlapped; ``--peer-halo``, GPU only; ``--no-graph``; ``--no-overlap``):
-  wall time against issue 3's 0.30 s on 2 GPUs, and every checksum equal.
+  each wall time, the fastest against issue 3's 0.30 s on 2 GPUs, and every checksum equal.
 * ``swe``: shallow-water weak scaling 1 -> 2 ranks at 8192 x 4096 per rank
   (``python -m hpcgpu.bench scaling --weak``); goal 97%.
 * ``latlon``: the lat-lon model 1 -> 2 ranks in latitude bands, 1440 x 720 per rank (``--dims 2,1``).
@@ -207,9 +207,11 @@ def section_jacobi(c: Campaign, size):
         schedules["--peer-halo"] = ["--peer-halo"]
     for label, extra in schedules.items():
         runs[label] = summary = c.app("jacobi-2" + label.replace("--", "-"), 2, "apps.stencil", args + extra)
-        c.add_speed("jacobi", f"jacobi {n}^2 x {steps}, 2 ranks, {label}", f"{summary['wall_seconds']:.4f} s "
-                    f"({summary['throughput']:.3e} {summary['unit']})", summary["wall_seconds"], 0.30,
-                    "<= 0.30 s (3)", at_least=False)
+        c.add("jacobi", f"jacobi {n}^2 x {steps}, 2 ranks, {label}", f"{summary['wall_seconds']:.4f} s "
+              f"({summary['throughput']:.3e} {summary['unit']})")
+    best = min((label for label in runs if label != "1 rank"), key=lambda label: runs[label]["wall_seconds"])
+    c.add_speed("jacobi", f"jacobi {n}^2 x {steps}, 2 ranks, fastest schedule", f"{best}: "
+                f"{runs[best]['wall_seconds']:.4f} s", runs[best]["wall_seconds"], 0.30, "<= 0.30 s (3)", at_least=False)
     same = len({s["checksum"] for s in runs.values()}) == 1
     c.add("jacobi", "jacobi checksums, 1 rank == every 2-rank schedule", "equal" if same else
           "DIFFER: " + ", ".join(f"{k} {v['checksum'][7:15]}" for k, v in runs.items()), None, "equal", same)
