@@ -43,10 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -54,7 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hpcgpu.launch import mpiexec_command, run_mpi  # noqa: E402 - after the path
+from hpcgpu.launch import mpiexec_command, run_command, run_mpi  # noqa: E402 - after the path
 SECTIONS = ("jacobi", "swe", "latlon", "md", "train", "network", "split")
 SIMULATE_NODES = ROOT / "jobscripts" / "mpirun" / "simulate-nodes.sh"
 
@@ -125,21 +122,13 @@ class Campaign:
         started = time.perf_counter()
         if ranks is None:
             command = [sys.executable, *args]
-            process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                       env={**os.environ, **(env or {})}, start_new_session=True)
-            try:
-                log, _ = process.communicate(timeout=timeout)
-                code = process.returncode
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)   # the launcher's ranks too
-                log, _ = process.communicate()
-                code = f"timeout after {timeout:.0f} s"
+            result = run_command(command, timeout, env=env, cwd=ROOT, label="pair_targets")  # the tool's ranks too
         else:
             wrapper = [str(SIMULATE_NODES)] if (env or {}).get("HPCGPU_SIMULATE_NODES") else []
             command = mpiexec_command(ranks, [*wrapper, sys.executable, *args])
             result = run_mpi(ranks, [*wrapper, sys.executable, *args], timeout=timeout, env=env, cwd=ROOT)
-            log = result.output
-            code = f"timeout after {timeout:.0f} s" if result.timed_out else result.returncode
+        log = result.output
+        code = f"timeout after {timeout:.0f} s" if result.timed_out else result.returncode
         (directory / "command.txt").write_text(" ".join(f"{k}={v}" for k, v in (env or {}).items()) + " " +
                                                shlex.join(command) + "\n")
         (directory / "log.txt").write_text(log)

@@ -68,6 +68,31 @@ class RunResult:
     timed_out: bool
 
 
+def run_command(command: list[str], timeout: float, env: dict | None = None, cwd=None,
+                label: str = "hpcgpu.launch") -> RunResult:
+    """Run ``command`` in a new process group; kill the whole group after ``timeout`` seconds (a
+    launcher's ranks or a tool's children too), and say so at the end of its output as ``[label]``.
+
+    ``env`` is added to this process's environment.
+
+    Returns
+    -------
+    RunResult
+        Exit code (-9 after a timeout), combined stdout+stderr, and whether the timeout hit.
+    """
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
+        cwd=cwd, start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout)
+        return RunResult(process.returncode, output, False)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        return RunResult(-9, output + f"\n[{label}] killed after {timeout:.0f} s timeout", True)
+
+
 def run_mpi(n_ranks: int, args: list[str], timeout: float, env: dict | None = None, cwd=None) -> RunResult:
     """Run ``args`` on ``n_ranks`` ranks; kill the whole process group after ``timeout`` seconds.
 
@@ -76,19 +101,6 @@ def run_mpi(n_ranks: int, args: list[str], timeout: float, env: dict | None = No
     RunResult
         Exit code (-9 after a timeout), combined stdout+stderr, and whether the timeout hit.
     """
-    command = mpiexec_command(n_ranks, args)
-    full_env = dict(os.environ)
-    full_env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-    full_env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    full_env.update(env or {})
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env, cwd=cwd,
-        start_new_session=True,
-    )
-    try:
-        output, _ = process.communicate(timeout=timeout)
-        return RunResult(process.returncode, output, False)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        return RunResult(-9, output + f"\n[hpcgpu.launch] killed after {timeout:.0f} s timeout", True)
+    root_flags = {key: "1" for key in ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
+                  if key not in os.environ}
+    return run_command(mpiexec_command(n_ranks, args), timeout, env={**root_flags, **(env or {})}, cwd=cwd)

@@ -38,8 +38,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -113,18 +111,10 @@ def choose_launcher(requested: str) -> str:
 
 
 def _run_srun(n_ranks: int, args: list[str], timeout: float):
-    from hpcgpu.launch import RunResult
+    from hpcgpu.launch import run_command
 
     command = ["srun", "-n", str(n_ranks), *shlex.split(os.environ.get("HPCGPU_SRUN_FLAGS", "")), *args]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=timeout)
-        return RunResult(process.returncode, output, False)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)   # the whole step, not only srun
-        output, _ = process.communicate()
-        return RunResult(-9, output + f"\n[hpcgpu.bench scaling] killed after {timeout:.0f} s timeout", True)
+    return run_command(command, timeout, label="hpcgpu.bench scaling")   # kills the whole step, not only srun
 
 
 def _failure_line(output: str) -> str:
