@@ -28,9 +28,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
-import contextlib
 import time
 import tracemalloc
 from pathlib import Path
@@ -39,7 +39,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from apps.train.layers import ForwardContext  # noqa: E402 - after the path
+from apps.train._backend import to_numpy  # noqa: E402 - after the path
+from apps.train.layers import ForwardContext  # noqa: E402
 from apps.train.models import large_mlp  # noqa: E402
 from apps.train.params import init_flat_parameters  # noqa: E402
 from apps.train.sequential import Sequential  # noqa: E402
@@ -71,8 +72,8 @@ def build(kind: str, args, recompute: bool) -> Sequential:
 
 
 class _PeakTracker:
-    """Peak of bytes allocated above the level at ``start``: ``tracemalloc`` on the CPU, a CuPy memory
-    hook on the GPU (each pool allocation's rounded size, from malloc until free)."""
+    """Peak of bytes allocated inside :meth:`tracking` above the level when it began: ``tracemalloc`` on
+    the CPU, a CuPy memory hook on the GPU (each pool allocation's rounded size, from malloc until free)."""
 
     def __init__(self, gpu: bool):
         self.gpu = gpu
@@ -131,7 +132,7 @@ def measure(kind: str, args, recompute: bool, x) -> dict:
         synchronize()
         seconds = time.perf_counter() - started
     return {"model": kind, "recompute": recompute, "params": int(model.n_params), "held_bytes": held,
-            "peak_bytes": tracker.peak, "seconds": seconds, "grads": xp.asnumpy(grads) if gpu else grads}
+            "peak_bytes": tracker.peak, "seconds": seconds, "grads": to_numpy(grads)}
 
 
 def main(argv=None) -> int:
