@@ -13,8 +13,9 @@ default) or with ``--backend gpu`` on the current GPU (CuPy), and the program re
   to. GPU: the bytes handed out by CuPy's memory pool (a ``cupy.cuda.MemoryHook`` counting each
   allocation's rounded size until it is freed), so cuBLAS workspaces and the pool's cached free
   blocks are not counted;
-* ``time``: forward + backward, seconds (the price: one more forward per block); on the GPU after one
-  untimed warm-up step (kernel compilation), synchronised;
+* ``time``: forward + backward, seconds (the price: one more forward per block): the median of
+  ``--repeats`` passes after the measured one, without the memory hook; on the GPU after one untimed
+  warm-up step (kernel compilation), synchronised;
 
 and checks that the gradients with and without recomputation are bitwise equal.
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import statistics
 import sys
 import time
 import tracemalloc
@@ -59,6 +61,8 @@ def parse_arguments(argv=None):
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--backend", choices=("cpu", "gpu"), default="cpu",
                         help="cpu: NumPy [default]; gpu: CuPy on the current device")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="timed forward + backward passes after the measured one; time is their median [5]")
     parser.add_argument("--json", metavar="FILE", help="write the rows as JSON")
     return parser.parse_args(argv)
 
@@ -109,7 +113,8 @@ class _PeakTracker:
 
 
 def measure(kind: str, args, recompute: bool, x) -> dict:
-    """One forward + backward of a fresh model; returns the row (gradients, as NumPy, under ``"grads"``)."""
+    """Forward + backward of a fresh model: the first pass measures memory and gradients (as NumPy, under
+    ``"grads"``), then ``args.repeats`` more are timed without the memory hook (``"seconds"``: their median)."""
     gpu = args.backend == "gpu"
     if gpu:
         import cupy as xp
@@ -125,14 +130,20 @@ def measure(kind: str, args, recompute: bool, x) -> dict:
     synchronize()
     tracker = _PeakTracker(gpu)
     with tracker.tracking():
-        started = time.perf_counter()
         model.forward(x, context)
         held = model.saved_activation_bytes()
         model.backward(grad_out, need_input_grad=False)
         synchronize()
-        seconds = time.perf_counter() - started
+    measured_grads = to_numpy(grads)
+    samples = []
+    for _ in range(max(1, args.repeats)):
+        started = time.perf_counter()
+        model.forward(x, context)
+        model.backward(grad_out, need_input_grad=False)
+        synchronize()
+        samples.append(time.perf_counter() - started)
     return {"model": kind, "recompute": recompute, "params": int(model.n_params), "held_bytes": held,
-            "peak_bytes": tracker.peak, "seconds": seconds, "grads": to_numpy(grads)}
+            "peak_bytes": tracker.peak, "seconds": statistics.median(samples), "grads": measured_grads}
 
 
 def main(argv=None) -> int:
@@ -145,7 +156,7 @@ def main(argv=None) -> int:
         x = cupy.asarray(x)
     rows = []
     for kind in kinds:
-        if args.backend == "gpu":   # compile the kernels outside the timed steps
+        if args.backend == "gpu":   # compile the kernels and fill the memory pool before the measured passes
             for recompute in (False, True):
                 measure(kind, args, recompute, x)
         pair = [measure(kind, args, recompute, x) for recompute in (False, True)]
