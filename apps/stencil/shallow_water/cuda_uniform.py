@@ -212,7 +212,7 @@ def _all_names() -> tuple[str, ...]:
     names = []
     for dtype in _REAL:
         names.extend(tiled_name(dtype, tile) for tile in TILES if _fits_static_shared_memory(dtype, tile))
-        names.extend(march_name(dtype, *shape) for shape in MARCH_SHAPES)
+        names.extend(march_name(dtype, *shape, shared_base) for shape in MARCH_SHAPES for shared_base in (False, True))
         names.extend(pairs_name(dtype, *shape, aligned) for shape in PAIR_SHAPES for aligned in (True, False))
     return tuple(names)
 

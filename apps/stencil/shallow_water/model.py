@@ -126,14 +126,16 @@ class ShallowWaterModel(StencilModel):
 
     def prepare(self) -> None:
         """GPU: compile and load the stage kernels a step launches (one launch per region of the
-        step, from the state into a scratch triple), so that the timed loop does not compile them."""
+        step, for the first stage, whose base is its input, and for the others), writing only the
+        scratch triples, so that the timed loop does not compile them."""
         if not self.arch.is_gpu:
             return
-        state, target = [f.data for f in self.state], [f.data for f in self.work[0]]
+        state, first, second = ([f.data for f in fields] for fields in (self.state, self.work[0], self.work[1]))
         regions = [self.owned] + ([self.interior] if self.interior is not None else []) + list(self.rim)
-        for region in regions:
-            shallow_water_stage(target, state, state, 0.0, 1.0, self.dt, self.tile.metrics, region, self.increment,
-                                self.filtered_rows)
+        for source, target in ((state, first), (first, second)):
+            for region in regions:
+                shallow_water_stage(target, state, source, 0.0, 1.0, self.dt, self.tile.metrics, region,
+                                    self.increment, self.filtered_rows)
         self.arch.synchronize()
 
     @property

@@ -15,6 +15,9 @@ Per-row metrics (the lat-lon grid) run the warp-marching ``swe_stage_march_rows`
     neighbours come from the adjacent lanes (warp shuffles), y neighbours from the registers of the
     rows above, and the loads of the next row are issued before the current row is computed. Each
     input value is loaded once per warp (32/28 with the rim lanes); no shared memory, no barrier.
+    Where ``base`` is ``stage`` (the first stage), a variant takes the base values from the stage
+    values it holds instead of loading them again: 6 of 9 memory streams, the same bits (fp64
+    8192 x 4096 on one H200: 640 -> 563 us for that stage, 2189 -> 2114 us per step).
 ``swe_stage_march_pairs`` (``("pairs", rows, ahead)``, the same module)
     The march with two adjacent columns per lane (60 of 64 columns written per warp): per column
     half the shuffles, index arithmetic and load instructions (one 8- or 16-byte load per lane where
@@ -105,6 +108,13 @@ def fitted_march_shape(shape: tuple[int, int], warp_columns: int, region_rows: i
     return (rows, ahead) if (rows, ahead) in compiled else tuple(shape)
 
 
+def _same_arrays(first, second) -> bool:
+    """Whether the two triples are the same device arrays (same memory, shape and strides): the first
+    SSP-RK3 stage passes the state as both ``base`` and ``stage``."""
+    return all(a is b or (a.data.ptr == b.data.ptr and a.shape == b.shape and a.strides == b.strides)
+               for a, b in zip(first, second))
+
+
 def _simple_grid(region) -> tuple[int, int, int]:
     j0, j1, i0, i1 = region
     return (-(-(i1 - i0) // SIMPLE_BLOCK[0]), -(-(j1 - j0) // SIMPLE_BLOCK[1]), 1)
@@ -143,7 +153,7 @@ def uniform_stage_gpu(out, base, stage, coriolis_rows, v_face_mask, scalars, reg
                 int(array.data.ptr) % (2 * dtype.itemsize) == 0 for array in (*out, *base, *stage))
             name = pairs_name(dtype, rows, ahead, aligned)
         else:
-            name = march_name(dtype, rows, ahead)
+            name = march_name(dtype, rows, ahead, _same_arrays(base, stage))
         uniform_kernel(name)(grid, (32 * MARCH_WARPS, 1, 1), args)
         return
     if chosen == "simple" or i1 - i0 < chosen[0] or j1 - j0 < chosen[1]:

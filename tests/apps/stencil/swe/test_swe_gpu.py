@@ -124,3 +124,62 @@ def test_every_stage_kernel_equals_the_cpu_bitwise(cupy, dtype, viscosity, hyper
                                     gpu_params.coriolis_rows, gpu_params.v_face_mask, scalars, region, tile=tile)
                 for got, want in zip(out, expected):
                     np.testing.assert_array_equal(cupy.asnumpy(got), want, err_msg=f"tile {tile}, region {region}")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("viscosity, hyperviscosity", [(50.0, 2.0e10), (0.0, 0.0)])
+def test_first_stage_variant_equals_the_cpu_bitwise(cupy, dtype, viscosity, hyperviscosity):
+    """The first SSP-RK3 stage passes the state as both base and stage; the one-column march then takes
+    the base values from the stage values it holds (no second load). Every march shape gives the CPU's
+    bits into NaN-poisoned outputs, with even and odd row lengths (aligned and unaligned pairs), and
+    an array equal to the stage but not the same memory still runs the two-input kernel, also exactly."""
+    from apps.stencil.shallow_water import stage_gpu as launcher
+    from apps.stencil.swe import kernel_constants
+    from apps.stencil.swe.stage_cpu import stage_cpu
+
+    launched = []
+    kernel = launcher.uniform_kernel
+
+    def recording(name):
+        launched.append(name)
+        return kernel(name)
+
+    for nx in (204, 203):
+        parameters = SWEParameters(nx=nx, ny=117, dx=20.0e3, dy=20.0e3, viscosity=viscosity,
+                                   hyperviscosity=hyperviscosity)  # fmt: skip
+        w = parameters.halo_width
+        shape = (parameters.ny + 2 * w, parameters.nx + 2 * w)
+        rng = np.random.default_rng(10)
+        state = [(100.0 + 5 * rng.standard_normal(shape)).astype(dtype)] + [
+            rng.standard_normal(shape).astype(dtype) for _ in range(2)
+        ]
+        cpu_params = tile_parameters(parameters, 0, parameters.ny, w, dtype=dtype)
+        gpu_params = tile_parameters(parameters, 0, parameters.ny, w, xp=cupy, dtype=dtype)
+        constants = kernel_constants(cpu_params)
+        gpu_state = [cupy.asarray(f) for f in state]
+        copies = [f.copy() for f in gpu_state]
+        march_tiles = [tile for tile in launcher.kernel_choices(dtype) if tile[0] in ("march", "pairs")]
+        for region in [(w, shape[0] - w, w, shape[1] - w), (w + 3, w + 40, w + 4, w + 150)]:
+            for a, b in ((0.0, 1.0), (0.75, 0.25)):
+                scalars = (dtype(a), dtype(b), dtype(40.0)) + tuple(
+                    constants[name] for name in ("gravity", "rdx", "rdy", "rdx2", "rdy2", "viscosity",
+                                                 "hyperviscosity", "half", "quarter", "two"))  # fmt: skip
+                expected = [np.full(shape, np.nan, dtype) for _ in range(3)]
+                stage_cpu(*expected, *state, *state, cpu_params.coriolis_rows, cpu_params.v_face_mask, *scalars,
+                          *region)
+                for tile in [None, *march_tiles]:
+                    for base in (gpu_state, copies):
+                        launched.clear()
+                        out = [cupy.full(shape, np.nan, dtype) for _ in range(3)]
+                        launcher.uniform_kernel = recording
+                        try:
+                            launcher.uniform_stage_gpu(out, base, gpu_state, gpu_params.coriolis_rows,
+                                                       gpu_params.v_face_mask, scalars, region, tile=tile)
+                        finally:
+                            launcher.uniform_kernel = kernel
+                        shared = base is gpu_state
+                        if launched[0].startswith("swe_stage_march<"):   # the pairs kernel has no variant
+                            assert launched[0].endswith("true>" if shared else "false>"), launched
+                        for got, want in zip(out, expected):
+                            np.testing.assert_array_equal(cupy.asnumpy(got), want,
+                                                          err_msg=f"tile {tile}, shared {shared}, region {region}")
