@@ -11,13 +11,12 @@ What the path costs (latency, bandwidth, overlap) is measured in docs/multinode.
 import json
 import os
 import sys
-from pathlib import Path
 
 import pytest
 
 from hpcgpu.launch import run_mpi
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.core.app_runs import ROOT, run_app_summary
 
 NETWORK_PATH = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
 """MPICH's variables for the network path between ranks of one host (docs/multinode.md)."""
@@ -33,18 +32,10 @@ pytestmark = pytest.mark.skipif(not _mpi_library().startswith("MPICH"),
                                 reason="the network-path variables are MPICH's (Open MPI: --mca btl self,tcp)")
 
 
-def run(module_args, network: bool, tmp_path, ranks=2):
-    env = dict(os.environ, NUMBA_NUM_THREADS="1")
-    for name in NETWORK_PATH:
-        env.pop(name, None)
-    if network:
-        env.update(NETWORK_PATH)
-    out = tmp_path / ("network" if network else "plain")
-    summary = out / "summary.json"
-    result = run_mpi(ranks, [sys.executable, "-m", *module_args, "--output", str(out), "--summary", str(summary),
-                             "--no-plot"], timeout=240, env=env, cwd=str(ROOT))
-    assert result.returncode == 0, result.output[-3000:]
-    return json.loads(summary.read_text()), result.output
+def run(module_args, network: bool, tmp_path):
+    """(summary, output) of ``module_args`` on 2 ranks, plain (the variables removed) or over the network path."""
+    env = NETWORK_PATH if network else dict.fromkeys(NETWORK_PATH)
+    return run_app_summary(2, [*module_args, "--no-plot"], tmp_path / ("network" if network else "plain"), env=env)
 
 
 @pytest.mark.parametrize("args", [

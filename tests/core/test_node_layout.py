@@ -2,7 +2,6 @@
 chosen for any launcher rank order, simulated nodes, and app runs that must not change."""
 
 import itertools
-import json
 import os
 import random
 import sys
@@ -14,6 +13,8 @@ from hpcgpu.decomposition_comm import simulated_nodes
 from hpcgpu.decomposition_nodes import describe_node_traffic, halo_bytes, node_aware_layout
 from hpcgpu.decomposition_shape import split_extents
 from hpcgpu.errors import DecompositionError
+
+from tests.core.app_runs import run_app_summary
 
 MB = 1e6
 
@@ -180,19 +181,10 @@ def test_simulated_nodes_reorder_owners_not_blocks(comm, monkeypatch):
 
 
 def run_app(n_ranks, module_args, simulate, tmp_path):
-    from hpcgpu.launch import run_mpi
-
-    env = dict(os.environ, NUMBA_NUM_THREADS="1")
-    env.pop("HPCGPU_SIMULATE_NODES", None)
-    if simulate:
-        env["HPCGPU_SIMULATE_NODES"] = simulate
     out = tmp_path / f"{n_ranks}-{simulate or 'plain'}".replace(":", "-")
-    summary = out / "summary.json"
-    result = run_mpi(n_ranks, [sys.executable, "-m", *module_args, "--output", str(out), "--summary", str(summary),
-                               "--quiet", "--no-plot"], timeout=240, env=env,
-                     cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
-    assert result.returncode == 0, result.output[-3000:]
-    return json.loads(summary.read_text())["checksum"]
+    summary, _ = run_app_summary(n_ranks, [*module_args, "--quiet", "--no-plot"], out,
+                                 env={"HPCGPU_SIMULATE_NODES": simulate or None})
+    return summary["checksum"]
 
 
 @pytest.mark.parametrize("n_ranks, args", [
