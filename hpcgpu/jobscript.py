@@ -210,6 +210,29 @@ def render(options, app_args: list[str], command_line: str) -> str:
     return "\n".join(lines)
 
 
+def app_argument_problem(python: str, app: str, app_args: list[str]) -> str | None:
+    """Why ``python -m apps.APP APP_ARGS`` would refuse its arguments (None: they parse).
+
+    Runs the app's own parser, exactly as the job will run it, without MPI (``HPCGPU_PARSE_ONLY=1``,
+    :func:`hpcgpu.app.main.check_arguments`), from the current directory, so a ``--config`` file is
+    looked for where the job will be submitted.
+    """
+    import os
+    import subprocess
+
+    environment = dict(os.environ, HPCGPU_PARSE_ONLY="1")
+    try:
+        result = subprocess.run([python, "-m", f"apps.{app}", *app_args], env=environment, capture_output=True,
+                                text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot run {python} -m apps.{app} to check them ({exc})"
+    if result.returncode == 0:
+        return None
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    text = "\n".join(lines[-6:]) or f"exit code {result.returncode}"
+    return text[len("error: "):] if text.startswith("error: ") else text
+
+
 def main(argv=None, prog: str = "hpcgpu jobscript") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     app_args: list[str] = []
@@ -249,6 +272,9 @@ def main(argv=None, prog: str = "hpcgpu jobscript") -> int:
     if "%" in str(log_directory):
         parser.error(f"--log {options.log}: the directory part may not hold %-patterns (Slurm creates no "
                      "directories, so the job would fail without a log); keep patterns in the file name")
+    problem = app_argument_problem(options.python, options.app, app_args)
+    if problem:
+        parser.error(f"apps.{options.app} would refuse its arguments: {problem}")
     command_line = " ".join(["hpcgpu jobscript", *map(shlex.quote, argv), *(["--", *map(shlex.quote, app_args)]
                                                                               if app_args else [])])
     text = render(options, app_args, command_line)

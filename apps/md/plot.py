@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from hpcgpu.output.atomic import save_figure
+
 
 def plot_thermo(path, history, title: str = "") -> None:
     """Four panels (Temp, E_pair, TotEng, Press) against the step; ``history`` is a list of Thermo."""
@@ -22,5 +24,5 @@ def plot_thermo(path, history, title: str = "") -> None:
         axis.set_xlabel("step")
     figure.suptitle(title or "apps.md thermo")
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    save_figure(figure, path, dpi=100)
     plt.close(figure)

@@ -163,7 +163,7 @@ def run(options, comm) -> dict:
     with nccl_channel_limit(config.nccl_channels):   # read by NCCL when the first exchange creates its communicator
         arch = setup_architecture(comm, config)   # arch.auto, then the job's transport (--transport)
         model = make_model(comm, arch, config)
-        output = prepare_output(comm, arch, config)   # checks every output path; OUTPUT/environment.json
+        output = prepare_output(comm, arch, config)   # checks every output path (environment.json follows in Simulation.run)
         simulation = Simulation(
             comm, arch, model, config, app="apps.stencil", output=output, final_step=config.steps,
             nan_check=Periodic(config.nan_check_every), graph=config.graph, plot=not config.no_plot,

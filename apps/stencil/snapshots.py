@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcgpu.errors import ConfigurationError
+from hpcgpu.output.atomic import save_figure
 from hpcgpu.output.errors import output_error
 from hpcgpu.output.netcdf_classic import RecordFile, Schema
 
@@ -231,5 +232,5 @@ def plot_depth_and_vorticity(fields, path, draw) -> None:
             limits = {"vmin": -limit, "vmax": limit}
         mappable = draw(axis, values, cmap, title, limits)
         figure.colorbar(mappable, ax=axis, shrink=0.8)
-    figure.savefig(path, dpi=110)
+    save_figure(figure, path, dpi=110)
     plt.close(figure)

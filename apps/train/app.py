@@ -364,7 +364,7 @@ def run(options, comm) -> dict:
         check_allreduce(comm, config.allreduce, is_gpu=arch.is_gpu, zero_stage=config.zero)   # --backend auto
         # arch.auto chose the backend on every rank together: every rank raises the same message
         check_bf16(config, is_gpu=arch.is_gpu)
-        output = prepare_output(comm, arch, config)   # checks every output path first; OUTPUT/environment.json
+        output = prepare_output(comm, arch, config)   # checks every output path first (environment.json follows in Simulation.run)
         data = load_data(config, comm)
         if config.batch_size > data.source.n_samples:
             raise ConfigurationError(f"--batch-size {config.batch_size} exceeds the {data.source.n_samples} "

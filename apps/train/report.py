@@ -1,5 +1,7 @@
 """The loss-curve plot written to ``--output`` (PNG, matplotlib's Agg backend)."""
 
+from hpcgpu.output.atomic import save_figure
+
 
 def plot_history(history, path, title="apps.train"):
     """Plot training loss per step and test accuracy per evaluation into ``path``.
@@ -27,6 +29,6 @@ def plot_history(history, path, title="apps.train"):
         accuracy_axis.set_ylabel("test accuracy (%)", color="tab:red")
     loss_axis.set_title(title)
     figure.tight_layout()
-    figure.savefig(path)
+    save_figure(figure, path)
     plt.close(figure)
     return path

@@ -129,24 +129,32 @@ def check_output_paths(comm, options, files: dict | None = None) -> None:
 
 
 def prepare_output(comm, arch, options, files: dict | None = None) -> Path:
-    """Collective: check the output paths, create ``options.output`` (rank 0) and record the run there.
+    """Collective: check the output paths and create ``options.output`` (rank 0); returns the directory.
 
     Raises :class:`~hpcgpu.errors.ConfigurationError` on every rank when ``--output``, the checkpoint
     directory, ``--summary`` or one of ``files`` (``{"--write-data": path}``) cannot be written (see
-    :func:`check_output_paths`). Writes ``OUTPUT/environment.json`` =
-    ``{"environment": environment(comm, arch), "options": ...}`` (the options as resolved by the app
-    when ``options`` is a :class:`~hpcgpu.app.cli.FrozenOptions`), so that any result in the
-    directory can be reproduced. Returns the output directory.
+    :func:`check_output_paths`). Nothing is written yet: ``environment.json`` follows once the run has
+    passed every check (:func:`write_environment`, called by the simulation driver), so a refused run
+    leaves the directory as it was. ``arch`` is accepted for symmetry with :func:`write_environment`.
     """
+    del arch
     check_output_paths(comm, options, files)
     output = Path(options.output)
     if comm.rank == 0:
         output.mkdir(parents=True, exist_ok=True)
+    return output
+
+
+def write_environment(comm, arch, options, output) -> None:
+    """Collective: write ``OUTPUT/environment.json`` = ``{"environment": environment(comm, arch), "options": ...}``.
+
+    The options as resolved by the app when ``options`` is a :class:`~hpcgpu.app.cli.FrozenOptions`,
+    so that any result in the directory can be reproduced. Written atomically by rank 0.
+    """
     facts = environment(comm, arch)
     if comm.rank == 0:
         recorded = options.as_dict() if isinstance(options, FrozenOptions) else vars(options)
-        write_json(output / "environment.json", {"environment": facts, "options": recorded})
-    return output
+        write_json(Path(output) / "environment.json", {"environment": facts, "options": recorded})
 
 
 def files_written(output, summary=None, checkpoint_dir=None, checkpoints_written: bool = False) -> list[str]:

@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+from hpcgpu.output.atomic import write_atomic
+
 
 def plain(value):
     """JSON-safe: NumPy scalars to Python, NaN/Inf to strings (recursively through dicts and lists)."""
@@ -21,8 +23,12 @@ def plain(value):
 
 
 def write_json(path, record: dict) -> None:
-    """Write ``record`` as indented JSON (call on rank 0 only); creates the parent directory."""
+    """Write ``record`` as indented JSON (call on rank 0 only); creates the parent directory.
+
+    The file is replaced atomically (:func:`hpcgpu.output.atomic.write_atomic`); a failed write raises
+    :class:`hpcgpu.errors.OutputError`.
+    """
     path = Path(path)
     if path.parent != Path(""):
         path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(plain(record), indent=2) + "\n")
+    write_atomic(path, json.dumps(plain(record), indent=2) + "\n")

@@ -8,11 +8,13 @@ Under a launcher only the process it numbers 0 prints (read from the launcher's 
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
 import hpcgpu
 from hpcgpu.app.cli import parse_args
+from hpcgpu.errors import ConfigurationError, rank_prefix, replicated
 from hpcgpu.profiling import handle_profile_flag
 
 #: Environment variables in which launchers give a process its rank in MPI_COMM_WORLD, before MPI_Init:
@@ -41,19 +43,73 @@ def asks_for_help(argv) -> bool:
     return False
 
 
+#: Set to 1, an app only parses its command line (no MPI, no run): exit 0 when valid, 2 with the message
+#: when not. ``hpcgpu jobscript`` checks the app's arguments this way before it writes a script.
+PARSE_ONLY_VARIABLE = "HPCGPU_PARSE_ONLY"
+
+
+def check_arguments(build_parser, argv) -> int:
+    """Parse ``argv`` without MPI: 0 when valid, 2 (after one ``error:`` line on stderr) when not."""
+    try:
+        parse_args(build_parser(0), argv)
+    except ConfigurationError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+def communicator_or_exit():
+    """``hpcgpu.Communicator()``, or one line on how to get an MPI library and exit code 2 without one."""
+    try:
+        importlib.import_module("mpi4py.MPI")   # initialises MPI
+    except (ImportError, RuntimeError) as exc:   # no mpi4py, or mpi4py finds no MPI library to load
+        if launcher_rank() == 0:
+            found = " ".join(str(exc).split())
+            print(f"error: no usable MPI library ({found}); install one with pip install 'hpcgpu[mpich]' "
+                  f"(MPICH from PyPI), or load your system's MPI and pip install --no-binary mpi4py mpi4py",
+                  file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    return hpcgpu.Communicator()
+
+
+def parse_on_every_rank(comm, build_parser, argv):
+    """Collective: parse ``argv`` on every rank and agree; the same ConfigurationError everywhere if any rank fails.
+
+    The command line is the same on every rank, but what it names may not be: a ``--config`` file on a
+    node-local disk can exist on one node only. Each rank reports its verdict (one allgather), so a
+    rank that cannot parse ends the job with its message instead of leaving the others waiting.
+    """
+    problem, options = None, None
+    try:
+        options = parse_args(build_parser(comm.rank), argv)
+    except ConfigurationError as exc:
+        problem = str(exc)
+    failures = comm.mpi.allgather(problem)
+    failed = [(rank, text) for rank, text in enumerate(failures) if text is not None]
+    if failed:
+        if len(failed) == comm.size and len({text for _, text in failed}) == 1:
+            text = failed[0][1]   # the usual case: the same mistake on every rank, said once
+        else:
+            text = "\n".join(f"{rank_prefix(rank, comm.size)} {text}" for rank, text in failed)
+        raise replicated(ConfigurationError(text))
+    return options
+
+
 def run_app(name: str, build_parser, run, argv=None) -> int:
     """Parse ``argv`` with ``build_parser(rank)`` and call ``run(options, comm)`` under ``abort_on_error``.
 
     Returns the process exit code (0); errors end the job as described in :mod:`hpcgpu.runtime.abort`.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    if os.environ.get(PARSE_ONLY_VARIABLE) == "1":
+        return check_arguments(build_parser, argv)
     if asks_for_help(argv):
         # Before hpcgpu.Communicator(): importing mpi4py.MPI fails on a machine without an MPI library.
         build_parser(launcher_rank()).print_help()
         return 0
-    comm = hpcgpu.Communicator()
+    comm = communicator_or_exit()
     with hpcgpu.abort_on_error(comm):
-        options = parse_args(build_parser(comm.rank), argv)
+        options = parse_on_every_rank(comm, build_parser, argv)
         if handle_profile_flag(comm, options, name, argv):
             return 0  # --profile: printed the nsys command
         run(options, comm)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 import traceback
 
 from hpcgpu.errors import HpcgpuError, rank_prefix
@@ -37,6 +38,30 @@ def _report(rank: int, size: int, exc: BaseException) -> None:
     print("\n".join(f"{prefix} {line}" for line in text.splitlines()), file=sys.stderr, flush=True)
 
 
+#: Seconds a rank with an error said to be raised on every rank waits for the others to say so too.
+AGREEMENT_SECONDS = 10.0
+
+
+def all_ranks_raise(comm, timeout: float = AGREEMENT_SECONDS) -> bool:
+    """True when every rank of ``comm`` calls this within ``timeout`` seconds (False: some rank does not).
+
+    A non-blocking barrier on ``comm.errors``, the communicator reserved for the error path, so a rank
+    still busy in the computation (an error that was not raised everywhere after all: a file missing on
+    one node) cannot match it by mistake. Without ``comm.errors`` (a plain mpi4py communicator) the
+    error is trusted to be raised everywhere, as before.
+    """
+    errors = getattr(comm, "errors", None)
+    if errors is None or errors.Get_size() == 1:
+        return True
+    request = errors.Ibarrier()
+    deadline = time.monotonic() + timeout
+    while not request.Test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
 @contextlib.contextmanager
 def abort_on_error(comm, all_ranks_error_exit: bool = True):
     """Run the body; on an exception, end the job instead of hanging the other ranks.
@@ -45,9 +70,10 @@ def abort_on_error(comm, all_ranks_error_exit: bool = True):
     ----------
     comm : hpcgpu.Communicator or mpi4py communicator
     all_ranks_error_exit : bool
-        For an HpcgpuError, exit with :data:`EXIT_USAGE` (printing from rank 0 only) when it was raised
-        identically on every rank. This costs no communication: replicated-input errors are, by
-        construction, raised on every rank, so the error's type tells. Set False to always abort.
+        For an HpcgpuError marked ``replicated`` (raised identically on every rank), exit with
+        :data:`EXIT_USAGE`, printing from rank 0 only, once :func:`all_ranks_raise` confirms that every
+        rank raised it; a rank that waits in vain prints its own message and aborts the job with the
+        same code. Set False to always abort.
     """
     mpi = getattr(comm, "mpi", comm)
     rank, size = mpi.Get_rank(), mpi.Get_size()
@@ -59,9 +85,12 @@ def abort_on_error(comm, all_ranks_error_exit: bool = True):
         mpi.Abort(130)
     except BaseException as exc:  # noqa: BLE001 - we must catch everything to avoid a hang
         if isinstance(exc, HpcgpuError) and getattr(exc, "replicated", False) and all_ranks_error_exit:
-            if rank == 0:
-                print(f"error: {exc}", file=sys.stderr, flush=True)
-            raise SystemExit(EXIT_USAGE) from None
+            if all_ranks_raise(comm):
+                if rank == 0:
+                    print(f"error: {exc}", file=sys.stderr, flush=True)
+                raise SystemExit(EXIT_USAGE) from None
+            _report(rank, size, exc)   # raised here only: the other ranks would wait for this one forever
+            mpi.Abort(EXIT_USAGE)
         _report(rank, size, exc)
         code = getattr(exc, "exit_code", EXIT_ABORT) if isinstance(exc, HpcgpuError) else EXIT_ABORT
         if size == 1:

@@ -53,6 +53,10 @@ class Communicator:
     job_transport : hpcgpu.transport.JobTransport
         The transport this job chose (:func:`hpcgpu.transport.select_transport`) and what is built from
         it once: halo transports, the NCCL communicator, the device collectives.
+    errors : mpi4py.MPI.Comm
+        A duplicate of ``mpi`` used only on the error path (:func:`hpcgpu.runtime.abort.abort_on_error`
+        checks with a non-blocking barrier there whether every rank raised the same error), so it can
+        never be confused with a collective of the computation.
     """
 
     def __init__(self, mpi_comm=None):
@@ -69,6 +73,7 @@ class Communicator:
         self.node_index = self.node.bcast(leader_order if is_leader else None, root=0)
         self.hostname = socket.gethostname()
         self.job_transport = JobTransport()
+        self.errors = self.mpi.Dup()
 
     # ------------------------------------------------------------------ identity
     @property

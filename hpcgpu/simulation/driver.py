@@ -18,7 +18,7 @@ import time
 
 import hpcgpu
 from hpcgpu.app.checkpointing import RunControl
-from hpcgpu.app.environment import files_written
+from hpcgpu.app.environment import files_written, write_environment
 from hpcgpu.app.graph import StepGraph
 from hpcgpu.app.plausibility import check_throughput
 from hpcgpu.app.progress import Progress, steps_text
@@ -290,6 +290,8 @@ class Simulation:
         operations = self.operations
         for operation in operations:
             operation.begin(self)   # the NaN check compiles its reductions here
+        # Every refusal (paths, restart, existing output files) is behind us: only now record the run.
+        write_environment(comm, arch, self.options, self.output)
         model.prepare()   # compile kernels, make connections: outside the timed loop
         comm.barrier()
         arch.synchronize()

@@ -251,8 +251,10 @@ class LatLonModel(ShallowWaterModel):
         if self.comm.rank == 0:
             import json
 
+            from hpcgpu.output.atomic import write_atomic
+
             path = Path(output) / "latlon_history.json"
-            path.write_text(json.dumps({"init": self.init_name, "dt_seconds": self.dt, "history": self.history}, indent=1))
+            write_atomic(path, json.dumps({"init": self.init_name, "dt_seconds": self.dt, "history": self.history}, indent=1))
         if plot:
             from apps.stencil.sphere.output import PLOT_NAME, plot_state
 
