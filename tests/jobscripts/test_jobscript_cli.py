@@ -93,6 +93,9 @@ def test_cpu_and_preemptible_scripts(tmp_path):
     (["stencil", "--log", "logs-%j/%x.log"], "directory part"),
     (["stencil", "--cpu", "--gpus-per-node", "2"], "exclude each other"),
     (["--nodes", "2"], "expected an app"),
+    (["stencil", "--", "--stepz", "10"], "unrecognized arguments: --stepz"),   # the app's own parser decides
+    (["md", "--", "--steps", "-3"], "apps.md would refuse its arguments"),
+    (["train", "--", "--config", "missing.toml"], "missing.toml: file not found"),
 ])
 def test_bad_input_is_one_message_and_exit_2(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
@@ -191,8 +194,14 @@ def test_help_needs_no_mpi(tmp_path, module, flag):
 # ------------------------------------------------------------------ the installed package
 def _copy_source(target: Path) -> Path:
     """The checkout without virtual environments, build output or VCS data (building must not write into it)."""
-    ignore = shutil.ignore_patterns(".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__",
-                                    ".pytest_cache", "runs", "output", "scratch", "benchmarks")
+    anywhere = shutil.ignore_patterns(".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__",
+                                      ".pytest_cache")
+    top_level = {"runs", "output", "scratch", "benchmarks"}   # run outputs of the checkout (not hpcgpu/output)
+
+    def ignore(directory, names):
+        skipped = set(anywhere(directory, names))
+        return skipped | (top_level & set(names)) if Path(directory) == ROOT else skipped
+
     shutil.copytree(ROOT, target, symlinks=True, ignore=ignore)
     return target
 
