@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from hpcgpu.app.checksum import hash_arrays
+from hpcgpu.app.progress import format_rate
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.particles.node_traffic import ghost_traffic_line
 from hpcgpu.simulation import AtEnd, Model, Operation, Periodic
@@ -154,8 +155,8 @@ class LennardJonesModel(Model):
                 "thermo": [dict(zip(("step", "temp", "e_pair", "toteng", "press"), s)) for s in self.history]}
 
     def throughput_line(self, steps: int, wall: float, throughput: float, n_ranks: int) -> str:
-        return (f"{steps} steps of {self.state.n_atoms} atoms in {wall:.3f} s: {throughput:,.4g} atom-steps/s "
-                f"({throughput / n_ranks:,.4g} per rank)")
+        return (f"{steps} steps of {self.state.n_atoms} atoms in {wall:.3f} s: "
+                f"{format_rate(throughput, 'atom-steps/s')} ({format_rate(throughput / n_ranks, 'per rank')})")
 
     def result_lines(self, diagnostics: dict) -> list[str]:
         return [f"{key:<24} {diagnostics[key]}" for key in TABLE_DIAGNOSTICS]

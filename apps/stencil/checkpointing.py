@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpcgpu.app.checksum import fields_checksum
+from hpcgpu.app.progress import format_rate
 from hpcgpu.decomposition_nodes import header_line
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.simulation import Model
@@ -93,8 +94,8 @@ class StencilModel(Model):
                 "graph": simulation.graph_used}
 
     def throughput_line(self, steps: int, wall: float, throughput: float, n_ranks: int) -> str:
-        return (f"{steps} steps in {wall:.3f} s: {throughput / 1e9:.3f} G{self.unit} "
-                f"({throughput / 1e9 / n_ranks:.3f} per rank)")
+        return (f"{steps} steps in {wall:.3f} s: {format_rate(throughput, self.unit)} "
+                f"({format_rate(throughput / n_ranks, 'per rank')})")
 
 
 #: The earlier name of :class:`StencilModel`.
