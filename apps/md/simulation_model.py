@@ -29,6 +29,15 @@ TABLE_DIAGNOSTICS = ("energy_drift", "neighbor_builds", "neighbor_reallocations"
                      "resident_steps", "atoms_per_rank", "ghosts_per_rank")
 
 
+#: ``units`` attributes of the checkpoint's datasets: reduced Lennard-Jones units (sigma, epsilon, the atom
+#: mass m, tau = sigma sqrt(m / epsilon)); "1" is dimensionless (ids, types, periodic image counts).
+CHECKPOINT_UNITS = {
+    "particles": {"atom_ids": "1", "types": "1", "positions": "sigma", "reference_positions": "sigma",
+                  "images": "1", "velocities": "sigma tau-1", "masses": "m", "forces": "epsilon sigma-1"},
+    "replicated": {"step": "1", "box": "sigma"},
+}
+
+
 class LennardJonesModel(Model):
     """The distributed LJ system of one run.
 
@@ -123,7 +132,7 @@ class LennardJonesModel(Model):
         particles, replicated = distributed.checkpoint_payload(self.state)
         replicated.update({"potential": self.config.potential.variant, "precision": self.options.precision,
                            "thermostat": self.options.thermostat})
-        return {"particles": particles, "replicated": replicated}
+        return {"particles": particles, "replicated": replicated, "units": CHECKPOINT_UNITS}
 
     def load_checkpoint(self, control) -> int | None:
         """Collective: continue from ``--restart``; atoms go to the rank whose sub-box holds them."""

@@ -33,13 +33,17 @@ class StencilModel(Model):
     """
 
     unit = "cell-updates/s"
+    #: ``units`` attributes of the checkpoint's replicated values: ``time`` counts iterations here
+    #: ("1", dimensionless); models with a physical clock override it (shallow water: seconds).
+    replicated_units = {"step": "1", "time": "1"}
 
     def checkpoint_state(self) -> dict:
-        """``{"fields": {name: Field}, "replicated": {...}}`` for the checkpoint manager."""
+        """``{"fields": {name: Field}, "replicated": {...}, "units": {...}}`` for the checkpoint manager."""
         return {"fields": {f.name: f for f in self.fields},
                 "replicated": {"model": self.name, "global_shape": list(self.grid.global_shape),
                                "precision": self.dtype, "step": self.step_index, "time": self.time,
-                               **self._extra_state()}}
+                               **self._extra_state()},
+                "units": {"replicated": dict(self.replicated_units)}}
 
     def load_checkpoint(self, control) -> int | None:
         """Collective: fill the fields from ``--restart`` and continue from its step (None: fresh start)."""
