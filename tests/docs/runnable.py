@@ -87,7 +87,17 @@ def blocks_of(path: Path) -> list[Block]:
     """
     lines = path.read_text(encoding="utf-8").splitlines()
     blocks = []
+    open_fence = None   # the fence of the code block we are in (a marker inside one is an example)
     for number, line in enumerate(lines):
+        fence_line = _FENCE.match(line)
+        if open_fence is not None:
+            stripped = line.strip()
+            if fence_line and stripped.startswith(open_fence) and stripped.strip(open_fence[0]) == "":
+                open_fence = None
+            continue
+        if fence_line:
+            open_fence = fence_line.group("fence")
+            continue
         marker = _MARKER.match(line)
         if marker is None:
             continue
