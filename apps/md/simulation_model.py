@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from hpcgpu.app.checksum import hash_arrays
+from hpcgpu.app.progress import format_rate
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.particles.node_traffic import ghost_traffic_line
 from hpcgpu.simulation import AtEnd, Model, Operation, Periodic
@@ -26,6 +27,15 @@ from .thermo import format_thermo, thermo_header
 #: Diagnostics printed in the final table (the summary holds all of them).
 TABLE_DIAGNOSTICS = ("energy_drift", "neighbor_builds", "neighbor_reallocations", "rebuild_checks", "step_graphs",
                      "resident_steps", "atoms_per_rank", "ghosts_per_rank")
+
+
+#: ``units`` attributes of the checkpoint's datasets: reduced Lennard-Jones units (sigma, epsilon, the atom
+#: mass m, tau = sigma sqrt(m / epsilon)); "1" is dimensionless (ids, types, periodic image counts).
+CHECKPOINT_UNITS = {
+    "particles": {"atom_ids": "1", "types": "1", "positions": "sigma", "reference_positions": "sigma",
+                  "images": "1", "velocities": "sigma tau-1", "masses": "m", "forces": "epsilon sigma-1"},
+    "replicated": {"step": "1", "box": "sigma"},
+}
 
 
 class LennardJonesModel(Model):
@@ -122,7 +132,7 @@ class LennardJonesModel(Model):
         particles, replicated = distributed.checkpoint_payload(self.state)
         replicated.update({"potential": self.config.potential.variant, "precision": self.options.precision,
                            "thermostat": self.options.thermostat})
-        return {"particles": particles, "replicated": replicated}
+        return {"particles": particles, "replicated": replicated, "units": CHECKPOINT_UNITS}
 
     def load_checkpoint(self, control) -> int | None:
         """Collective: continue from ``--restart``; atoms go to the rank whose sub-box holds them."""
@@ -154,8 +164,8 @@ class LennardJonesModel(Model):
                 "thermo": [dict(zip(("step", "temp", "e_pair", "toteng", "press"), s)) for s in self.history]}
 
     def throughput_line(self, steps: int, wall: float, throughput: float, n_ranks: int) -> str:
-        return (f"{steps} steps of {self.state.n_atoms} atoms in {wall:.3f} s: {throughput:,.4g} atom-steps/s "
-                f"({throughput / n_ranks:,.4g} per rank)")
+        return (f"{steps} steps of {self.state.n_atoms} atoms in {wall:.3f} s: "
+                f"{format_rate(throughput, 'atom-steps/s')} ({format_rate(throughput / n_ranks, 'per rank')})")
 
     def result_lines(self, diagnostics: dict) -> list[str]:
         return [f"{key:<24} {diagnostics[key]}" for key in TABLE_DIAGNOSTICS]

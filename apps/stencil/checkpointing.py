@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpcgpu.app.checksum import fields_checksum
+from hpcgpu.app.progress import format_rate
 from hpcgpu.decomposition_nodes import header_line
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.simulation import Model
@@ -32,13 +33,17 @@ class StencilModel(Model):
     """
 
     unit = "cell-updates/s"
+    #: ``units`` attributes of the checkpoint's replicated values: ``time`` counts iterations here
+    #: ("1", dimensionless); models with a physical clock override it (shallow water: seconds).
+    replicated_units = {"step": "1", "time": "1"}
 
     def checkpoint_state(self) -> dict:
-        """``{"fields": {name: Field}, "replicated": {...}}`` for the checkpoint manager."""
+        """``{"fields": {name: Field}, "replicated": {...}, "units": {...}}`` for the checkpoint manager."""
         return {"fields": {f.name: f for f in self.fields},
                 "replicated": {"model": self.name, "global_shape": list(self.grid.global_shape),
                                "precision": self.dtype, "step": self.step_index, "time": self.time,
-                               **self._extra_state()}}
+                               **self._extra_state()},
+                "units": {"replicated": dict(self.replicated_units)}}
 
     def load_checkpoint(self, control) -> int | None:
         """Collective: fill the fields from ``--restart`` and continue from its step (None: fresh start)."""
@@ -93,8 +98,8 @@ class StencilModel(Model):
                 "graph": simulation.graph_used}
 
     def throughput_line(self, steps: int, wall: float, throughput: float, n_ranks: int) -> str:
-        return (f"{steps} steps in {wall:.3f} s: {throughput / 1e9:.3f} G{self.unit} "
-                f"({throughput / 1e9 / n_ranks:.3f} per rank)")
+        return (f"{steps} steps in {wall:.3f} s: {format_rate(throughput, self.unit)} "
+                f"({format_rate(throughput / n_ranks, 'per rank')})")
 
 
 #: The earlier name of :class:`StencilModel`.

@@ -26,7 +26,7 @@ type: :class:`MpiPointToPoint` moves its bit patterns as ``uint16``; on GPUs it 
 (NCCL moves dtypes it cannot reduce as bytes: exact).
 
 :func:`make_point_to_point` picks one after the pipeline communicator's transport (which
-:func:`apps.train.parallel_grid.agree_transports` set to the job's). Every sender counts the bytes it
+:func:`apps.train.parallel_grid.prepare_device_communication` set to the job's on GPUs). Every sender counts the bytes it
 was given to send (``bytes_sent``, ``n_sends``): the measured side of
 :mod:`apps.train.comm_volume`.
 """
@@ -123,8 +123,8 @@ class NcclPointToPoint(_CountedSender):
     ----------
     comm : hpcgpu.Communicator
         The pipeline sub-communicator; its NCCL communicator is created here if it does not exist
-        (collective over ``comm``: :func:`apps.train.parallel_grid.create_nccl_communicators` creates
-        it beforehand on every rank in the same order).
+        (collective over ``comm``: :func:`apps.train.parallel_grid.prepare_device_communication`
+        creates it beforehand on every rank in the same order).
     """
 
     def __init__(self, comm):

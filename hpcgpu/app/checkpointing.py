@@ -178,7 +178,8 @@ class RunControl:
             return
         state = state_fn()
         self.manager.save(step, fields=state.get("fields"), particles=state.get("particles"),
-                          replicated=state.get("replicated"), metadata=state.get("metadata"))
+                          replicated=state.get("replicated"), metadata=state.get("metadata"),
+                          units=state.get("units"))
         self.preemption.record_checkpoint_seconds(self.manager.last_save_seconds + self.manager.last_write_seconds)
         self.last_saved_step = step
 

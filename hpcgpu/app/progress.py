@@ -7,6 +7,9 @@ The rate and the time left are measured from the end of the first reported step 
 pays for kernel compilation, NCCL set-up and caches, and an estimate from it alone would promise hours
 for a run of seconds. Until :data:`MIN_TIMED_STEPS` steps or :data:`MIN_TIMED_SECONDS` seconds have
 been timed after it, the line says ``left ?`` (warming up).
+
+Rates are printed with an SI prefix chosen from the value (:func:`format_rate`): ``1.65 k steps/s``,
+``3.47 M cell-updates/s``, ``13.6 G cell-updates/s``, so a small run never reads ``0.000 G...``.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ class Progress:
         left = 0.0 if done >= self.total else ((self.total - done) / rate if rate else float("nan"))
         width = 24
         bar = "#" * int(width * fraction) + "." * (width - int(width * fraction))
-        rate_text = f"{rate:,.1f} {self.unit}/s" if rate else f"- {self.unit}/s (warming up)"
+        rate_text = format_rate(rate, f"{self.unit}/s") if rate else f"- {self.unit}/s (warming up)"
         text = f"[{bar}] {done}/{self.total} {self.unit} {100 * fraction:5.1f}%  {rate_text}  left {_duration(left)}"
         if extra:
             text += f"  {extra}"
@@ -85,6 +88,53 @@ class Progress:
         else:
             self.stream.write(text + "\n")
         self.stream.flush()
+
+
+#: SI prefixes for :func:`format_rate`, largest first.
+_SI_PREFIXES = (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3))
+
+
+def format_rate(value: float, unit: str, digits: int = 3) -> str:
+    """A rate with an SI prefix chosen from its size, to ``digits`` significant digits.
+
+    Parameters
+    ----------
+    value : float
+        The rate, in ``unit`` (for example cell updates per second).
+    unit : str
+        The unit, written after the prefix and a space: ``"cell-updates/s"``.
+    digits : int
+        Significant digits (at least 1).
+
+    Returns
+    -------
+    str
+        The value scaled into [1, 1000) with its prefix (k, M, G, T, P); values below 1000 get none.
+
+    Examples
+    --------
+    >>> format_rate(3.4712e6, "cell-updates/s")
+    '3.47 M cell-updates/s'
+    >>> format_rate(1.3612e10, "cell-updates/s")
+    '13.6 G cell-updates/s'
+    >>> format_rate(812.4, "steps/s")
+    '812 steps/s'
+    >>> format_rate(0.25, "steps/s")
+    '0.250 steps/s'
+    """
+    digits = max(1, digits)
+    if value != value or abs(value) == float("inf"):
+        return f"{value} {unit}"
+    rounded = abs(float(f"{value:.{digits}g}"))   # round first: 999,960 is "1 M", not "1e+03 k"
+    prefix, scale = "", 1.0
+    for candidate, candidate_scale in _SI_PREFIXES:
+        if rounded >= candidate_scale:
+            prefix, scale = f"{candidate} ", candidate_scale
+            break
+    text = f"{value / scale:#.{digits}g}".rstrip(".")   # '#': keep trailing zeros, "2.00", "1.90 k"
+    if "e" in text:   # beyond the largest prefix: a plain exponent, all digits kept
+        text = f"{value / scale:.{digits - 1}e}"
+    return f"{text} {prefix}{unit}"
 
 
 def steps_text(first_step: int, final_step: int) -> str:

@@ -253,7 +253,8 @@ class LayoutProcess:
         """Have :func:`~hpcgpu.checkpoint.writer.write_master_file` run in the helper, sent with the
         next :meth:`lay_out_rank_file` (or by :meth:`master_file_written`); no data but the
         replicated state is sent."""
-        content = MasterContent(step=int(snapshot.step), metadata=snapshot.metadata, replicated=snapshot.replicated)
+        content = MasterContent(step=int(snapshot.step), metadata=snapshot.metadata, replicated=snapshot.replicated,
+                                units=snapshot.units)
         self._master = ("master-file", {"path": str(path), "snapshot": content, "index": index, "app": app,
                                         "n_ranks": n_ranks, "provenance": provenance})
 

@@ -131,7 +131,8 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ saving
     def save(self, step: int, fields: dict | None = None, particles: dict | None = None,
-             replicated: dict | None = None, metadata: dict | None = None) -> CheckpointInfo | None:
+             replicated: dict | None = None, metadata: dict | None = None,
+             units: dict | None = None) -> CheckpointInfo | None:
         """Collective: checkpoint the state of ``step``.
 
         Parameters
@@ -145,6 +146,10 @@ class CheckpointManager:
             State that is identical on every rank (checked: a difference raises CheckpointError).
         metadata : dict, optional
             JSON-able facts recorded with the checkpoint (configuration summary, decomposition, ...).
+        units : dict, optional
+            ``{"particles": {name: unit}, "replicated": {key: unit}}``: unit strings written as the
+            ``units`` attribute of those datasets in ``checkpoint.h5`` (fields carry theirs in
+            ``Field.attributes``). Restarts do not read them.
 
         Returns
         -------
@@ -171,7 +176,7 @@ class CheckpointManager:
                 problem = f"cannot create {temporary}: {exc}"
         try:
             snapshot = take_snapshot(step, fields or {}, particles, replicated or {}, metadata or {},
-                                     copy=self.asynchronous, pool=self._pool)
+                                     copy=self.asynchronous, pool=self._pool, units=units)
             description = describe(snapshot)
         except Exception as exc:  # noqa: BLE001 - agreed below so every rank raises together
             snapshot, description = None, {"error": f"{type(exc).__name__}: {exc}"}

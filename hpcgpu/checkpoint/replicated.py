@@ -14,7 +14,9 @@ lists/tuples of these                                                           
 ``dict`` with ``str`` keys             a group (recursively)                       ``dict``
 =====================================  ==========================================  ===================
 
-Every dataset carries ``kind`` and ``crc32`` attributes; the CRC is checked on load. Reading uses
+Every dataset carries ``kind`` and ``crc32`` attributes; the CRC is checked on load. A top-level value
+saved with a unit (``units`` of :meth:`~hpcgpu.checkpoint.CheckpointManager.save`) carries it as a
+``units`` attribute, for people and tools reading the file. Reading uses
 only h5py datasets and ``json.loads``, so a hostile file cannot run code. Key names may hold any
 character: ``%`` and ``/`` are escaped as ``%25`` and ``%2F`` in HDF5 names.
 """
@@ -77,8 +79,13 @@ def _encode(value, path: str):
     return "json", _json_text(value, path)
 
 
-def write_replicated(group, values: dict, path: str = "") -> None:
-    """Write ``values`` into the h5py ``group`` (see the module docstring for the encoding)."""
+def write_replicated(group, values: dict, path: str = "", units: dict | None = None) -> None:
+    """Write ``values`` into the h5py ``group`` (see the module docstring for the encoding).
+
+    ``units`` maps top-level keys to a unit string, stored as the dataset's ``units`` attribute
+    (for readers of the file; :func:`read_replicated` does not return it).
+    """
+    units = units or {}
     for key, value in values.items():
         name, where = _escape(key), f"{path}/{key}" if path else key
         if isinstance(value, dict):
@@ -92,6 +99,8 @@ def write_replicated(group, values: dict, path: str = "") -> None:
             dataset = group.create_dataset(name, data=payload)
             dataset.attrs["crc32"] = np.uint32(crc32(payload))
         dataset.attrs["kind"] = kind
+        if key in units and not path:
+            dataset.attrs["units"] = units[key]
 
 
 def read_replicated(group, where: str) -> dict:

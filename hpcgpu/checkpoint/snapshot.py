@@ -39,6 +39,7 @@ class Snapshot:
     particles: dict           # name -> numpy array, shape (n_local, ...)
     replicated: dict
     metadata: dict
+    units: dict = dataclass_field(default_factory=dict)   # {"particles": {name: unit}, "replicated": {key: unit}}
     ready_event: object = None                     # cupy Event the writer waits on (GPU, asynchronous)
     keep_alive: list = dataclass_field(default_factory=list)  # device temporaries of pending copies
 
@@ -120,8 +121,30 @@ def _to_host(array, name, copy: bool, pool: PinnedPool | None, stream, keep_aliv
     return out
 
 
+def check_units(units: dict | None, particles: dict, replicated: dict) -> dict:
+    """``units`` checked against what is saved: every named particle array and top-level replicated
+    key must exist, and every unit is a string (a UDUNITS-style text such as ``"m s-1"``).
+
+    Raises
+    ------
+    CheckpointError
+        For an unknown part, an unknown name or a unit that is not a string.
+    """
+    checked = {}
+    for part, names in (units or {}).items():
+        known = {"particles": particles, "replicated": replicated}.get(part)
+        if known is None:
+            raise CheckpointError(f"units[{part!r}]: expected 'particles' or 'replicated'")
+        for name, unit in names.items():
+            if name not in known or not isinstance(unit, str):
+                raise CheckpointError(f"units[{part!r}][{name!r}] = {unit!r}: expected a unit string for one of "
+                                      f"the saved {part} {sorted(known)}")
+        checked[part] = dict(names)
+    return checked
+
+
 def take_snapshot(step: int, fields: dict, particles: dict | None, replicated: dict, metadata: dict,
-                  copy: bool, pool: PinnedPool | None = None) -> Snapshot:
+                  copy: bool, pool: PinnedPool | None = None, units: dict | None = None) -> Snapshot:
     """Copy this rank's share of the state to host memory.
 
     Parameters
@@ -133,6 +156,8 @@ def take_snapshot(step: int, fields: dict, particles: dict | None, replicated: d
     copy : bool
         True when the caller keeps stepping while the snapshot is written (asynchronous saves): host
         arrays are copied, device arrays go to pinned buffers from ``pool``.
+    units : dict, optional
+        ``{"particles": {name: unit}, "replicated": {key: unit}}``: written as ``units`` attributes.
     """
     stream, keep_alive, pending, blocks, host_particles = None, [], [], {}, {}
     for name, field in fields.items():
@@ -155,7 +180,8 @@ def take_snapshot(step: int, fields: dict, particles: dict | None, replicated: d
         shapes = {name: a.shape for name, a in host_particles.items()}
         raise CheckpointError(f"particle arrays must all have one row per local particle; got shapes {shapes}")
     snapshot = Snapshot(step=int(step), fields=blocks, particles=host_particles,
-                        replicated=_host_tree(replicated or {}, copy), metadata=dict(metadata or {}))
+                        replicated=_host_tree(replicated or {}, copy), metadata=dict(metadata or {}),
+                        units=check_units(units, host_particles, replicated or {}))
     if pending:
         snapshot.ready_event = _copy_on_side_stream(pending, pool.copy_stream(), stream)
         snapshot.keep_alive = keep_alive

@@ -102,6 +102,17 @@ def _set_field_attributes(dataset, entry: dict) -> None:
         dataset.attrs[key] = value
 
 
+def _units(snapshot) -> dict:
+    """The snapshot's ``units`` (``{}`` for one made without)."""
+    return getattr(snapshot, "units", None) or {}
+
+
+def _set_particle_units(handle, snapshot) -> None:
+    """``units`` attributes of the master file's particle datasets (the same on every rank)."""
+    for name, unit in _units(snapshot).get("particles", {}).items():
+        handle[f"particles/{name}"].attrs["units"] = unit
+
+
 def _root_attributes(handle, snapshot, index, app: str, n_ranks: int, storage: str, provenance: dict) -> None:
     attrs = handle.attrs
     attrs["format"] = layout.FORMAT
@@ -299,13 +310,15 @@ class MasterContent(NamedTuple):
     step: int
     metadata: dict
     replicated: dict
+    units: dict = {}
 
 
 def write_master_file(path, snapshot, index: dict, app: str, n_ranks: int, provenance: dict,
                       fault=fault_point) -> None:
     """Rank 0: metadata, replicated state, index, and Virtual Datasets over the rank files; fsync.
 
-    ``snapshot`` needs ``step``, ``metadata`` and ``replicated`` (a Snapshot or a :class:`MasterContent`).
+    ``snapshot`` needs ``step``, ``metadata``, ``replicated`` and ``units`` (a Snapshot or a
+    :class:`MasterContent`).
     ``fault(name, rank)`` is the fault-injection hook (the layout process passes its own).
     """
     import h5py
@@ -335,8 +348,10 @@ def write_master_file(path, snapshot, index: dict, app: str, n_ranks: int, prove
                                                 shape=(count,) + trailing)
                     virtual[offsets[rank]:offsets[rank] + count] = source
             handle.create_virtual_dataset(f"particles/{name}", virtual)
+        _set_particle_units(handle, snapshot)
         fault("mid-master", 0)
-        write_replicated(handle.create_group("replicated"), snapshot.replicated)
+        write_replicated(handle.create_group("replicated"), snapshot.replicated,
+                         units=_units(snapshot).get("replicated"))
         _write_index(handle.create_group("index"), index)
         handle.flush()
     fsync_path(path)
@@ -378,8 +393,10 @@ def write_single_file(path, snapshot, index: dict, comm, app: str, provenance: d
             if array.shape[0]:  # independent write: ranks without particles take no part
                 dataset[offsets[rank]:offsets[rank] + array.shape[0]] = array
             _fill_checksums(checksum_sets[rank], array)
+        _set_particle_units(handle, snapshot)
         # Replicated state and index: identical on every rank, created collectively.
-        write_replicated(handle.create_group("replicated"), snapshot.replicated)
+        write_replicated(handle.create_group("replicated"), snapshot.replicated,
+                         units=_units(snapshot).get("replicated"))
         _write_index(handle.create_group("index"), index)
     comm.barrier()
     if rank == 0:

@@ -14,7 +14,7 @@ from apps.stencil.app import build_parser as stencil_parser
 from apps.train.app import build_parser as train_parser
 from hpcgpu.app.cli import parse_args
 from hpcgpu.app.environment import output_path_problems
-from hpcgpu.app.progress import Progress, steps_text
+from hpcgpu.app.progress import Progress, format_rate, steps_text
 from hpcgpu.app.timers import format_timers
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.launch import run_mpi
@@ -172,7 +172,17 @@ def test_no_eta_until_steps_after_the_first_are_timed(monkeypatch):
         lines.append(stream.getvalue().splitlines()[-1])
     assert "left ?" in lines[0] and "warming up" in lines[0]
     assert "left ?" in lines[1] and "left ?" in lines[2]      # 1 and 2 timed steps: not enough yet
-    assert "2.0 steps/s" in lines[3] and "left 0:48" in lines[3]   # (100 - 4) / 2 per second, not hours
+    assert "2.00 steps/s" in lines[3] and "left 0:48" in lines[3]   # (100 - 4) / 2 per second, not hours
+
+
+def test_rates_are_readable_at_every_size():
+    """A small run's rate is not '0.000 G...': the prefix follows the value, three significant digits."""
+    assert format_rate(1.24e5, "cell-updates/s") == "124 k cell-updates/s"
+    assert format_rate(6.99e8, "cell-updates/s") == "699 M cell-updates/s"
+    assert format_rate(1.3612e10, "cell-updates/s") == "13.6 G cell-updates/s"
+    assert format_rate(999_960.0, "steps/s") == "1.00 M steps/s"   # rounded before the prefix is chosen
+    assert format_rate(812.4, "steps/s") == "812 steps/s"
+    assert format_rate(0.25, "steps/s") == "0.250 steps/s"
 
 
 def test_steps_text_says_what_this_job_runs():

@@ -42,6 +42,7 @@ class ShallowWaterModel(StencilModel):
 
     halo_exchanges_per_step = 3   # one per SSP-RK3 stage
     unit = "cell-updates/s"
+    replicated_units = {"step": "1", "time": "s", "dt": "s"}   # checkpoint attributes (StencilModel)
     increment: tuple = ()
     filtered_rows = None
 

@@ -15,8 +15,9 @@ Grid (global indices, ``dlon = 2 pi / nx``, ``dlat = pi / ny``)::
     q[j, i]  SW corner     lon = i dlon,          lat = -pi/2 + j dlat
 
 There is no point *at* a pole: the v faces j = 0 and j = ny have zero length (cos = 0), v = 0 there.
-Ghost rows beyond a pole are mirror images (see :mod:`apps.stencil.sphere.poles`); their metric
-values are the mirrored ones too, and every term that reads them is multiplied by an exact 0.
+Ghost rows beyond a pole are mirror images (boundary conditions of the halo exchange:
+:meth:`apps.stencil.sphere.model.LatLonModel.physical_boundary_conditions`); their metric values are
+the mirrored ones too, and every term that reads them is multiplied by an exact 0.
 """
 
 from __future__ import annotations
