@@ -14,7 +14,8 @@ import sys
 
 import hpcgpu
 from hpcgpu.app.cli import parse_args
-from hpcgpu.errors import ConfigurationError, rank_prefix, replicated
+from hpcgpu.errors import ConfigurationError, OutputError, rank_prefix, replicated
+from hpcgpu.runtime.abort import EXIT_USAGE, exit_without_teardown
 from hpcgpu.profiling import handle_profile_flag
 
 #: Environment variables in which launchers give a process its rank in MPI_COMM_WORLD, before MPI_Init:
@@ -108,9 +109,14 @@ def run_app(name: str, build_parser, run, argv=None) -> int:
         build_parser(launcher_rank()).print_help()
         return 0
     comm = communicator_or_exit()
-    with hpcgpu.abort_on_error(comm):
-        options = parse_on_every_rank(comm, build_parser, argv)
-        if handle_profile_flag(comm, options, name, argv):
-            return 0  # --profile: printed the nsys command
-        run(options, comm)
+    try:
+        with hpcgpu.abort_on_error(comm):
+            options = parse_on_every_rank(comm, build_parser, argv)
+            if handle_profile_flag(comm, options, name, argv):
+                return 0  # --profile: printed the nsys command
+            run(options, comm)
+    except SystemExit as exc:
+        if exc.code in (EXIT_USAGE, OutputError.exit_code):
+            exit_without_teardown(exc.code)   # every rank ends here together (see abort_on_error)
+        raise
     return 0

@@ -6,11 +6,47 @@ commit stay in the manager.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import queue
+import sys
 import threading
 import time
 import traceback
 from pathlib import Path
+
+from hpcgpu.checkpoint.space import failure_text, is_storage_failure
+
+
+@contextlib.contextmanager
+def quiet_hdf5_teardown():
+    """Drop the "Exception ignored in h5py ObjectID.__dealloc__" reports of a failed write while in the block.
+
+    After a write fails (a full disk), h5py closes the file's objects as they are freed and HDF5
+    fails to flush each one again: dozens of tracebacks of one failure that the job reports once, by
+    name. Other unraisable exceptions pass to the previous hook.
+    """
+    previous_unraisable, previous_except = sys.unraisablehook, sys.excepthook
+
+    def from_h5py_dealloc(tb) -> bool:
+        frames = traceback.extract_tb(tb) if tb is not None else []
+        return bool(frames) and "h5py/_objects" in frames[-1].filename
+
+    def unraisable_hook(unraisable):
+        if "ObjectID" in repr(unraisable.object) or from_h5py_dealloc(unraisable.exc_traceback):
+            return
+        previous_unraisable(unraisable)
+
+    def except_hook(kind, value, tb):   # Cython prints the full traceback first, through sys.excepthook
+        if from_h5py_dealloc(tb):
+            return
+        previous_except(kind, value, tb)
+
+    sys.unraisablehook, sys.excepthook = unraisable_hook, except_hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook, sys.excepthook = previous_unraisable, previous_except
 
 
 class WriteJob:
@@ -26,6 +62,7 @@ class WriteJob:
         self.snapshot, self.index, self.temporary, self.final = snapshot, index, temporary, final
         self.run_id = run_id  # the run that owns it (fixed when the save starts)
         self.error = None
+        self.storage_failure = False   # the storage refused the write (full disk, I/O error): exit 74
         self.publish_error = None
         self.request = None
         self.verdict = None
@@ -35,11 +72,14 @@ class WriteJob:
 
     def run(self, write_fn) -> None:
         started, cpu_started = time.perf_counter(), time.thread_time()
-        try:
-            write_fn(self)
-        except BaseException as exc:  # noqa: BLE001 - reported through the agreement, never lost
-            self.error = f"{type(exc).__name__}: {exc}"
-            self.traceback = traceback.format_exc()
+        with quiet_hdf5_teardown():
+            try:
+                write_fn(self)
+            except BaseException as exc:  # noqa: BLE001 - reported through the agreement, never lost
+                self.error = failure_text(exc)
+                self.storage_failure = is_storage_failure(exc)
+                self.traceback = traceback.format_exc()
+            gc.collect()   # h5py objects of a failed write are freed here, under the quiet hook
         self.seconds = time.perf_counter() - started
         # CPU time of the writing thread: an upper bound of the GIL it held (system calls included).
         self.cpu_seconds = time.thread_time() - cpu_started

@@ -31,11 +31,12 @@ from hpcgpu.checkpoint.catalogue import CheckpointCatalogue, CheckpointWarning  
 from hpcgpu.checkpoint.filesystem import fault_point, publish_checkpoint, recover_replaced, remove_tree
 from hpcgpu.checkpoint.reader import CheckpointInfo
 from hpcgpu.checkpoint.restore import RestoredState, agreed_error, restore_state
+from hpcgpu.checkpoint.space import space_problem
 from hpcgpu.provenance import provenance as current_provenance
 from hpcgpu.checkpoint.snapshot import PinnedPool, take_snapshot
 from hpcgpu.checkpoint.writer import (build_index, describe, write_master_file, write_rank_file,
                                       write_single_file)
-from hpcgpu.errors import CheckpointError, ConfigurationError
+from hpcgpu.errors import CheckpointError, ConfigurationError, OutputError
 
 STORAGES = ("auto", layout.LAYOUT_PER_RANK, layout.LAYOUT_SINGLE_FILE)
 
@@ -178,6 +179,7 @@ class CheckpointManager:
             snapshot = take_snapshot(step, fields or {}, particles, replicated or {}, metadata or {},
                                      copy=self.asynchronous, pool=self._pool, units=units)
             description = describe(snapshot)
+            description["n_bytes"] = int(snapshot.n_bytes)
         except Exception as exc:  # noqa: BLE001 - agreed below so every rank raises together
             snapshot, description = None, {"error": f"{type(exc).__name__}: {exc}"}
         description["problem"] = problem
@@ -192,6 +194,14 @@ class CheckpointManager:
         if problem:
             self._discard(temporary)
             raise agreed_error(f"checkpoint of step {step} not written: {problem}")
+        if self.comm.rank == 0:
+            problem = space_problem(self.directory, sum(d.get("n_bytes", 0) for d in descriptions),
+                                    len(descriptions) + 1)
+        problem = self.comm.broadcast(problem, root=0)
+        if problem:
+            self._discard(temporary)
+            raise storage_error(f"checkpoint of step {step} not written: {problem}; the previous checkpoint "
+                                f"is intact")
         job = WriteJob(snapshot, index, temporary, final, self.run_id)
         self.last_bytes = snapshot.n_bytes
         if self.asynchronous:
@@ -253,12 +263,13 @@ class CheckpointManager:
     def _commit_blocking(self, job: WriteJob) -> CheckpointInfo:
         self.last_write_seconds = job.seconds
         self.last_write_cpu_seconds = job.cpu_seconds
-        failures = self.comm.mpi.allgather(job.error)
-        failed = [f"rank {r}: {e}" for r, e in enumerate(failures) if e]
+        failures = self.comm.mpi.allgather((job.error, job.storage_failure))
+        failed = [f"rank {r}: {e}" for r, (e, _) in enumerate(failures) if e]
         if failed:
             self._discard(job.temporary)
-            raise agreed_error(f"checkpoint {job.final.name} failed; the previous checkpoint is intact. "
-                               + "; ".join(failed))
+            error_type = storage_error if any(storage for _, storage in failures) else agreed_error
+            raise error_type(f"checkpoint {job.final.name} in {self.directory} failed: " + "; ".join(failed)
+                             + "; the previous checkpoint is intact")
         problem = None
         if self.comm.rank == 0:
             try:
@@ -334,8 +345,13 @@ class CheckpointManager:
         if not job.succeeded:
             self._discard(job.temporary)
             where = job.error or "the background write failed on another rank"
-            raise error_type(f"asynchronous checkpoint {job.final.name} failed ({where}); the previous "
-                             "checkpoint is intact")
+            text = (f"asynchronous checkpoint {job.final.name} in {self.directory} failed ({where}); the "
+                    "previous checkpoint is intact")
+            if job.storage_failure:
+                error = OutputError(text)
+                error.replicated = replicated
+                raise error
+            raise error_type(text)
         if job.publish_error:
             raise CheckpointError(job.publish_error)
         return self._info_of(job)
@@ -428,3 +444,10 @@ def _mpi_min():
     from mpi4py import MPI  # MPI starts with the Communicator; this only looks up the constant
 
     return MPI.MIN
+
+
+def storage_error(message: str) -> OutputError:
+    """An :class:`OutputError` (exit 74) that every rank raises with the same text (after an agreement)."""
+    error = OutputError(message)
+    error.replicated = True
+    return error

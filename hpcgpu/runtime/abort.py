@@ -85,17 +85,40 @@ def abort_on_error(comm, all_ranks_error_exit: bool = True):
         mpi.Abort(130)
     except BaseException as exc:  # noqa: BLE001 - we must catch everything to avoid a hang
         if isinstance(exc, HpcgpuError) and getattr(exc, "replicated", False) and all_ranks_error_exit:
+            code = getattr(exc, "exit_code", EXIT_USAGE)
             if all_ranks_raise(comm):
                 if rank == 0:
                     print(f"error: {exc}", file=sys.stderr, flush=True)
-                raise SystemExit(EXIT_USAGE) from None
+                raise SystemExit(code) from None
             _report(rank, size, exc)   # raised here only: the other ranks would wait for this one forever
-            mpi.Abort(EXIT_USAGE)
+            mpi.Abort(code)
         _report(rank, size, exc)
         code = getattr(exc, "exit_code", EXIT_ABORT) if isinstance(exc, HpcgpuError) else EXIT_ABORT
         if size == 1:
             raise SystemExit(code) from None
         mpi.Abort(code)
+
+
+def exit_without_teardown(code: int) -> None:
+    """End this process with ``code`` after MPI_Finalize, skipping the interpreter's teardown.
+
+    For a job that every rank ends together after an error: after a failed write HDF5 may still hold
+    a file whose metadata it cannot flush, and its library shutdown at interpreter exit can then crash
+    (a segmentation fault after the clear message). Our files are closed or written with plain system
+    calls by then; standard output and error are flushed here.
+    """
+    import os
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        from mpi4py import MPI
+
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.Finalize()
+    except Exception:  # noqa: BLE001 - exiting anyway
+        pass
+    os._exit(code)
 
 
 def replicated(exc: HpcgpuError) -> HpcgpuError:
