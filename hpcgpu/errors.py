@@ -55,6 +55,13 @@ class OutputError(HpcgpuError):
     exit_code = 74
 
 
+class CheckpointStorageError(OutputError, CheckpointError):
+    """A checkpoint could not be written: no room for it, a full disk or an I/O error (exit code 74).
+
+    The previous checkpoint is intact.
+    """
+
+
 class NumericalError(HpcgpuError):
     """The simulation state became invalid (NaN/Inf) or a time step is unstable."""
 

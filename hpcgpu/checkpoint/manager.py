@@ -36,7 +36,7 @@ from hpcgpu.provenance import provenance as current_provenance
 from hpcgpu.checkpoint.snapshot import PinnedPool, take_snapshot
 from hpcgpu.checkpoint.writer import (build_index, describe, write_master_file, write_rank_file,
                                       write_single_file)
-from hpcgpu.errors import CheckpointError, ConfigurationError, OutputError
+from hpcgpu.errors import CheckpointError, CheckpointStorageError, ConfigurationError
 
 STORAGES = ("auto", layout.LAYOUT_PER_RANK, layout.LAYOUT_SINGLE_FILE)
 
@@ -268,8 +268,8 @@ class CheckpointManager:
         if failed:
             self._discard(job.temporary)
             error_type = storage_error if any(storage for _, storage in failures) else agreed_error
-            raise error_type(f"checkpoint {job.final.name} in {self.directory} failed: " + "; ".join(failed)
-                             + "; the previous checkpoint is intact")
+            raise error_type(f"checkpoint {job.final.name} in {self.directory} failed; the previous checkpoint "
+                             "is intact. " + "; ".join(failed))
         problem = None
         if self.comm.rank == 0:
             try:
@@ -348,7 +348,7 @@ class CheckpointManager:
             text = (f"asynchronous checkpoint {job.final.name} in {self.directory} failed ({where}); the "
                     "previous checkpoint is intact")
             if job.storage_failure:
-                error = OutputError(text)
+                error = CheckpointStorageError(text)
                 error.replicated = replicated
                 raise error
             raise error_type(text)
@@ -446,8 +446,8 @@ def _mpi_min():
     return MPI.MIN
 
 
-def storage_error(message: str) -> OutputError:
-    """An :class:`OutputError` (exit 74) that every rank raises with the same text (after an agreement)."""
-    error = OutputError(message)
+def storage_error(message: str) -> CheckpointStorageError:
+    """A :class:`CheckpointStorageError` (exit 74) that every rank raises with the same text (after an agreement)."""
+    error = CheckpointStorageError(message)
     error.replicated = True
     return error
