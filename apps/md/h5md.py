@@ -105,6 +105,9 @@ class H5MDWriter:
     first_step : int -- the step the run starts from: 0 for a fresh run (``path`` must not exist),
         the checkpoint's step R after a restart (``path``, if it exists, is appended to after step R)
     author : str, optional -- default: the user name
+    continuing : bool -- the run was asked to continue (``--restart``): an existing file of this system
+        is continued even from step 0 (``--restart latest`` before the first checkpoint, after a job
+        killed before it wrote one), keeping its frame of step 0
 
     Raises
     ------
@@ -112,7 +115,8 @@ class H5MDWriter:
         When ``path`` exists on a fresh run, or belongs to another system on a restart.
     """
 
-    def __init__(self, path, box, atom_ids, species, dt: float, first_step: int = 0, author: str | None = None):
+    def __init__(self, path, box, atom_ids, species, dt: float, first_step: int = 0, author: str | None = None,
+                 continuing: bool = False):
         import h5py
 
         self.path = Path(path)
@@ -133,7 +137,7 @@ class H5MDWriter:
                 raise ConfigurationError(f"{self.path} appeared while this run was starting (another run writes "
                                          "there): choose another --output") from None
             return
-        if first_step == 0:
+        if first_step == 0 and not continuing:
             raise ConfigurationError(
                 f"{self.path} already exists and this run starts from step 0: it would be overwritten. Move or "
                 f"delete it, choose another --output, or continue the run that wrote it with --restart latest "
@@ -295,16 +299,17 @@ class Trajectory:
     state : apps.md.distributed.DistributedState -- at the step the run starts from (0 or the restart's)
     config : apps.md.serial.MDConfig
     every : int -- frames at the steps that are multiples of ``every`` (``--dump-every``)
+    continuing : bool -- ``--restart`` was given (see :class:`H5MDWriter`)
     """
 
-    def __init__(self, comm, path, state, config, every: int):
+    def __init__(self, comm, path, state, config, every: int, continuing: bool = False):
         self.comm, self.config, self.every = comm, config, int(every)
         gathered = distributed.gather_by_id(state)
         self.writer, problem, last_step = None, None, -1
         if comm.rank == 0:
             try:
                 self.writer = H5MDWriter(path, state.box, gathered["atom_ids"], gathered["types"], config.dt,
-                                         first_step=state.step)
+                                         first_step=state.step, continuing=continuing)
                 last_step = self.writer.last_step
             except ConfigurationError as exc:
                 problem = str(exc)

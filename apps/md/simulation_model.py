@@ -217,7 +217,7 @@ class TrajectoryOutput(Operation):
     def begin(self, simulation) -> None:
         model = self.model
         self.writer = Trajectory(simulation.comm, simulation.output / TRAJECTORY_NAME, model.state, model.config,
-                                 self.every)
+                                 self.every, continuing=getattr(simulation.options, "restart", None) is not None)
         self._dump(simulation, model.history[-1])
 
     def act(self, simulation) -> None:

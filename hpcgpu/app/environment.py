@@ -10,6 +10,7 @@ from pathlib import Path
 import hpcgpu
 from hpcgpu import provenance
 from hpcgpu.app.cli import FrozenOptions
+from hpcgpu.runtime.fault_injection import maybe_fail
 from hpcgpu.app.jsonio import write_json
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.transport.nccl import nccl_version
@@ -138,6 +139,7 @@ def prepare_output(comm, arch, options, files: dict | None = None) -> Path:
     leaves the directory as it was. ``arch`` is accepted for symmetry with :func:`write_environment`.
     """
     del arch
+    maybe_fail("output", comm.rank)
     check_output_paths(comm, options, files)
     output = Path(options.output)
     if comm.rank == 0:

@@ -16,6 +16,7 @@ import hpcgpu
 from hpcgpu.app.cli import parse_args
 from hpcgpu.errors import ConfigurationError, OutputError, rank_prefix, replicated
 from hpcgpu.runtime.abort import EXIT_USAGE, exit_without_teardown
+from hpcgpu.runtime.fault_injection import maybe_fail
 from hpcgpu.profiling import handle_profile_flag
 
 #: Environment variables in which launchers give a process its rank in MPI_COMM_WORLD, before MPI_Init:
@@ -83,6 +84,7 @@ def parse_on_every_rank(comm, build_parser, argv):
     problem, options = None, None
     try:
         options = parse_args(build_parser(comm.rank), argv)
+        maybe_fail("parse", comm.rank)
     except ConfigurationError as exc:
         problem = str(exc)
     failures = comm.mpi.allgather(problem)
@@ -114,6 +116,7 @@ def run_app(name: str, build_parser, run, argv=None) -> int:
             options = parse_on_every_rank(comm, build_parser, argv)
             if handle_profile_flag(comm, options, name, argv):
                 return 0  # --profile: printed the nsys command
+            maybe_fail("setup", comm.rank)
             run(options, comm)
     except SystemExit as exc:
         if exc.code in (EXIT_USAGE, OutputError.exit_code):

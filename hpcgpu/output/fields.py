@@ -11,8 +11,8 @@ moment leaves every earlier record readable. The file holds::
     <name>(time, ...)     float32 or float64, one variable per field (``long_name``, ``units`` as given)
 
 A fresh run writes the initial state first and refuses an existing file; a restarted run
-(``--restart``) appends to the file of the run it continues, dropping the records after the step it
-restarts from (and a record at that very step that the trigger would not have written, such as the
+(``--restart``, also ``--restart latest`` that finds no checkpoint yet) appends to the file of the run
+it continues, dropping the records after the step it restarts from (and a record at that very step that the trigger would not have written, such as the
 final record of a job stopped by SIGTERM), so the file ends up equal to an uninterrupted run's.
 """
 
@@ -168,7 +168,8 @@ class NetCDFOutput(Operation):
 
     def _open(self, simulation):
         """Rank 0: create the file, or open it to continue; returns the reason to refuse, or None."""
-        if not simulation.restarted:
+        continuing = simulation.restarted or getattr(simulation.options, "restart", None) is not None
+        if not continuing:
             if self.path.exists():
                 return (f"{self.path} already exists and this run starts from step 0: it would be overwritten. "
                         f"Move or delete it, choose another --output, or continue the run that wrote it "
@@ -198,7 +199,9 @@ class NetCDFOutput(Operation):
         steps = [int(self.file.read("step", index)) for index in range(self.file.count)]
         keep = len(steps)
         for index, step in enumerate(steps):
-            if step > first or (step == first and step != 0 and not self.trigger(step, final)):
+            # The record of the restart step stays if the trigger wrote it there (not a stop's extra
+            # record); from step 0 the initial record is written again by begin.
+            if step > first or (step == first and (step == 0 or not self.trigger(step, final))):
                 keep = index
                 break
         if keep < len(steps):

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcgpu.errors import ConfigurationError
+from hpcgpu.runtime.fault_injection import maybe_fail
 
 MAGIC = b"CDF\x02"           # classic format, 64-bit offsets
 NUMRECS_OFFSET = 4
@@ -374,6 +375,7 @@ class RecordFile:
 
         The record is written, synced (``durable``), then counted (see the module docstring).
         """
+        maybe_fail("write", 0)   # the writer is rank 0
         layout = self.layout
         missing = [v.name for v in layout.record_variables if v.name not in values]
         if missing:

@@ -24,6 +24,7 @@ import shutil
 from pathlib import Path
 
 from hpcgpu.output.netcdf_classic import _sync_directory
+from hpcgpu.runtime.fault_injection import maybe_fail
 
 
 def _fsync_path(path: Path) -> None:
@@ -104,6 +105,7 @@ class TwinFile:
         self._apply(change_fn)
 
     def _apply(self, change_fn) -> None:
+        maybe_fail("write", 0)   # the writer is rank 0
         change_fn(self.twin)                       # 1. PATH untouched
         if self.durable:
             _fsync_path(self.twin)

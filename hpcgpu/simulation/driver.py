@@ -26,6 +26,7 @@ from hpcgpu.app.summary import make_summary, write_json
 from hpcgpu.app.timers import PhaseTimers, format_timers
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.monitor import GpuMonitor
+from hpcgpu.runtime.fault_injection import maybe_fail
 from hpcgpu.simulation.operations import Checkpoint, ModelOutput, NanCheck, ProgressReport, check_finite
 from hpcgpu.transport.selection import select_transport, transport_choice
 
@@ -299,9 +300,11 @@ class Simulation:
         started = time.perf_counter()
         final = self.final_step
         due = self._due = [operation.trigger.next_step(model.step_index, final) for operation in operations]
+        maybe_fail("start", comm.rank)
         while model.step_index < final:
             self._advance(graphs)
             step = model.step_index
+            maybe_fail("step", comm.rank, step)
             for index, next_step in enumerate(due):
                 # An operation acts at the step its trigger names (the windows end there when it has
                 # exact_steps), the others at the first step the loop reaches from there.

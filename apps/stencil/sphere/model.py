@@ -101,6 +101,9 @@ class LatLonModel(ShallowWaterModel):
         self.history = [self._history_entry(self.initial_diagnostics)]
         self.snapshot_every = getattr(options, "snapshot_every", None)
         self.snapshot_dtype = getattr(options, "snapshot_precision", "float32")
+        # --restart given: an existing snapshot file of this configuration is continued even from step 0
+        # (--restart latest before the first checkpoint: the job before was killed without writing one).
+        self.continuing = getattr(options, "restart", None) is not None
         self.snapshots = None
 
     def _check_graph_option(self, graph) -> None:
@@ -220,7 +223,7 @@ class LatLonModel(ShallowWaterModel):
         with timers.phase("io"):
             if self.snapshots is None:
                 # Step 0: a fresh run (an existing file is refused); later: the first step after a restart.
-                self.snapshots = Snapshots(self, Path(output) / SNAPSHOT_NAME, restarted=self.step_index != 0)
+                self.snapshots = Snapshots(self, Path(output) / SNAPSHOT_NAME, restarted=self.step_index != 0 or self.continuing)
             if self.step_index % every == 0 or self.step_index == total_steps:
                 self.snapshots.write(self)
 

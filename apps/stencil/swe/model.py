@@ -52,6 +52,9 @@ class SweModel(ShallowWaterModel):
         self.initial_diagnostics = self._diagnostics_now()
         self.snapshot_every = options.snapshot_every
         self.snapshot_dtype = getattr(options, "snapshot_precision", "float32")
+        # --restart given: an existing snapshot file of this configuration is continued even from step 0
+        # (--restart latest before the first checkpoint: the job before was killed without writing one).
+        self.continuing = getattr(options, "restart", None) is not None
         self.snapshots = None
 
     # ------------------------------------------------------------------ setup
@@ -123,7 +126,7 @@ class SweModel(ShallowWaterModel):
 
         with timers.phase("io"):
             if self.snapshots is None:
-                self.snapshots = Snapshots(self, output / "swe.nc", restarted=self.step_index != 0)
+                self.snapshots = Snapshots(self, output / "swe.nc", restarted=self.step_index != 0 or self.continuing)
             if self.step_index % every == 0 or self.step_index == total_steps:
                 self.snapshots.write(self)
 
