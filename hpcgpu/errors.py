@@ -45,6 +45,16 @@ class CheckpointError(HpcgpuError):
     """A checkpoint is missing, truncated, corrupt or belongs to another run."""
 
 
+class OutputError(HpcgpuError):
+    """Writing a file the run keeps (output, checkpoint, summary) failed: a full disk, a quota, an I/O error.
+
+    Rank-local (the rank that writes sees it); the job ends with exit code :attr:`exit_code` (74,
+    ``EX_IOERR`` of ``sysexits.h``) and one message naming the file. What was written before stays intact.
+    """
+
+    exit_code = 74
+
+
 class NumericalError(HpcgpuError):
     """The simulation state became invalid (NaN/Inf) or a time step is unstable."""
 

@@ -32,7 +32,10 @@ app reads (``--data``) or writes (``--write-data``)::
     import MDAnalysis
     universe = MDAnalysis.Universe("system.data", "output/trajectory.h5md")
 
-works with no options; ``universe.trajectory.ts.data`` holds the step and the observables.
+works with no options; ``universe.trajectory.ts.data`` holds the step and the observables. Without a
+data file, ``MDAnalysis.Universe("output/trajectory.h5md")`` builds a Universe of the right number of
+atoms (no types or masses): MDAnalysis looks for the particle group ``particles/trajectory``, a soft
+link to ``particles/all`` here.
 
 Units
 -----
@@ -43,6 +46,13 @@ times "ps" (= tau), velocities "Angstrom ps-1" (= sigma/tau). That is the conven
 to a LAMMPS data file in ``units lj`` as well (its coordinates are read as Angstrom). The true units
 are in each dataset's ``reduced_unit`` attribute and in ``parameters`` (``units = "lj"``): do not
 convert the values to SI with the ``unit`` strings.
+
+Crash safety
+------------
+A hard kill at any moment leaves ``trajectory.h5md`` a complete file holding every frame written
+before: frames are appended to a hidden twin copy (``.trajectory.h5md.twin``) that then replaces the
+file atomically (:mod:`hpcgpu.output.twin_file`). While the run writes, the trajectory takes twice its
+size on disk; the twin is removed at the end of the run.
 
 Restarts
 --------
@@ -63,6 +73,8 @@ import numpy as np
 
 import hpcgpu
 from hpcgpu.errors import ConfigurationError
+from hpcgpu.output.errors import output_error
+from hpcgpu.output.twin_file import TwinFile
 
 from . import distributed
 
@@ -109,11 +121,17 @@ class H5MDWriter:
         self.atom_ids = np.asarray(atom_ids, dtype=np.int64)
         self.species = np.asarray(species, dtype=np.int32)
         self.n_atoms = int(self.atom_ids.shape[0])
-        self.file = None
+        self.file = None      # the TwinFile through which every change goes (crash-safe appends)
         self.last_step = -1   # step of the last frame in the file (-1: none)
         if not self.path.exists():
-            self.file = h5py.File(self.path, "w-")
-            self._define(author)
+            def define(new_path):
+                with h5py.File(new_path, "w-") as handle:
+                    self._define(handle, author)
+            try:
+                self.file = TwinFile.create(self.path, define)
+            except FileExistsError:
+                raise ConfigurationError(f"{self.path} appeared while this run was starting (another run writes "
+                                         "there): choose another --output") from None
             return
         if first_step == 0:
             raise ConfigurationError(
@@ -121,39 +139,50 @@ class H5MDWriter:
                 f"delete it, choose another --output, or continue the run that wrote it with --restart latest "
                 f"(or --restart PATH)")
         try:
-            self.file = h5py.File(self.path, "r+")
-            problem = self._incompatibility()
+            with h5py.File(self.path, "r") as handle:
+                problem = self._incompatibility(handle)
+                steps = handle["particles/all/position/step"][()]
         except (OSError, KeyError, ValueError) as exc:
             problem = f"{self.path} cannot be read as an H5MD trajectory of apps.md ({exc})"
         if problem is not None:
-            self.close()
             raise ConfigurationError(f"{problem}; this restarted run would append to it. Move it away or choose "
                                      "another --output")
-        self._drop_frames_after(int(first_step))
+        self.file = TwinFile.open(self.path)
+        step = int(first_step)
+        if steps.size and steps[-1] > step:
+            self.file.modify(lambda file_path: self._drop_frames_after(file_path, step))
+        kept = steps[steps <= step]
+        self.last_step = int(kept[-1]) if kept.size else -1
 
     # ------------------------------------------------------------------ layout
-    def _define(self, author) -> None:
-        h5md = self.file.create_group("h5md")
+    def _define(self, handle, author) -> None:
+        h5md = handle.create_group("h5md")
         h5md.attrs["version"] = np.array([1, 1], dtype=np.int32)
         author_group = h5md.create_group("author")
         author_group.attrs["name"] = author or _user()
         creator = h5md.create_group("creator")
         creator.attrs["name"] = "hpcgpu apps.md"
         creator.attrs["version"] = hpcgpu.__version__
-        particles = self.file.create_group("particles/all")
+        particles = handle.create_group("particles/all")
         box_group = particles.create_group("box")
         box_group.attrs["dimension"] = np.int32(3)
         box_group.attrs["boundary"] = np.array([b"periodic"] * 3)
         particles.create_dataset("species", data=self.species)
         particles.create_dataset("id", data=self.atom_ids)
+        # MDAnalysis (2.x) builds a topology-free Universe from particles/trajectory only: a soft link
+        # lets MDAnalysis.Universe("trajectory.h5md") work without a data file (readers that list the
+        # particle groups see "all" first, by name order).
+        import h5py
+
+        handle["particles"]["trajectory"] = h5py.SoftLink("/particles/all")
         self._time_series(box_group, "edges", (3,), np.float64)
         self._time_series(particles, "position", (self.n_atoms, 3), np.float64)
         self._time_series(particles, "image", (self.n_atoms, 3), np.int32)
         self._time_series(particles, "velocity", (self.n_atoms, 3), np.float64)
-        observables = self.file.create_group("observables")
+        observables = handle.create_group("observables")
         for name in _OBSERVABLES:
             self._time_series(observables, name, (), np.float64)
-        parameters = self.file.create_group("parameters")
+        parameters = handle.create_group("parameters")
         parameters.attrs["time_step"] = self.dt
         parameters.attrs["units"] = "lj"
         parameters.attrs["unit_convention"] = (
@@ -174,38 +203,39 @@ class H5MDWriter:
         if name in _REDUCED_UNITS:
             value.attrs["reduced_unit"] = _REDUCED_UNITS[name]
 
-    def _series(self):
-        """``{name: h5py.Group}`` of every time series (particles and observables)."""
-        series = {name: self.file[path] for name, path in _PARTICLE_SERIES.items()}
-        series.update({name: self.file[f"observables/{name}"] for name in _OBSERVABLES})
+    @staticmethod
+    def _series(handle):
+        """``{name: h5py.Group}`` of every time series (particles and observables) of the open file."""
+        series = {name: handle[path] for name, path in _PARTICLE_SERIES.items()}
+        series.update({name: handle[f"observables/{name}"] for name in _OBSERVABLES})
         return series
 
     # ------------------------------------------------------------------ restart
-    def _incompatibility(self):
+    def _incompatibility(self, handle):
         """Why the open file is not a trajectory of this system, or None."""
-        found_ids = self.file["particles/all/id"][()]
-        found_species = self.file["particles/all/species"][()]
+        found_ids = handle["particles/all/id"][()]
+        found_species = handle["particles/all/species"][()]
         if found_ids.shape != self.atom_ids.shape or not np.array_equal(found_ids, self.atom_ids):
             return f"{self.path} holds {found_ids.shape[0]} other atoms (ids differ from this run's {self.n_atoms})"
         if not np.array_equal(found_species, self.species):
             return f"{self.path} holds other atom types than this run"
-        found_dt = float(self.file["parameters"].attrs["time_step"]) if "parameters" in self.file else None
+        found_dt = float(handle["parameters"].attrs["time_step"]) if "parameters" in handle else None
         if found_dt != self.dt:
             return f"{self.path} was written with time step {found_dt}, this run uses {self.dt}"
-        edges = self.file["particles/all/box/edges/value"]
+        edges = handle["particles/all/box/edges/value"]
         if edges.shape[0] and not np.array_equal(edges[0], self.box):
             return f"{self.path} has the box {edges[0].tolist()}, this run {self.box.tolist()}"
         return None
 
-    def _drop_frames_after(self, step: int) -> None:
-        """Keep the frames at steps <= ``step`` in every series, drop later ones (superseded by this run)."""
-        for group in self._series().values():
-            keep = int(np.searchsorted(group["step"][()], step, side="right"))   # steps increase
-            for key in ("step", "time", "value"):
-                group[key].resize(keep, axis=0)
-        steps = self.file["particles/all/position/step"][()]
-        self.last_step = int(steps[-1]) if steps.size else -1
-        self.file.flush()
+    def _drop_frames_after(self, file_path, step: int) -> None:
+        """Keep the frames at steps <= ``step`` in every series of ``file_path``, drop later ones."""
+        import h5py
+
+        with h5py.File(file_path, "r+") as handle:
+            for group in self._series(handle).values():
+                keep = int(np.searchsorted(group["step"][()], step, side="right"))   # steps increase
+                for key in ("step", "time", "value"):
+                    group[key].resize(keep, axis=0)
 
     # ------------------------------------------------------------------ frames
     def _append(self, group, step, value) -> None:
@@ -217,23 +247,37 @@ class H5MDWriter:
         group["value"][n_frames] = value
 
     def append(self, step: int, arrays: dict, thermo) -> None:
-        """Add one frame: ``arrays`` from :func:`apps.md.distributed.gather_by_id`, ``thermo`` of this step."""
+        """Add one frame: ``arrays`` from :func:`apps.md.distributed.gather_by_id`, ``thermo`` of this step.
+
+        Crash-safe (:class:`hpcgpu.output.twin_file.TwinFile`): ``OUTPUT/trajectory.h5md`` is a complete
+        file at every instant. A failed write raises :class:`hpcgpu.errors.OutputError`.
+        """
+        import h5py
+
         if arrays["atom_ids"].shape[0] != self.n_atoms:
             raise ValueError(f"H5MD frame: expected {self.n_atoms} atoms, found {arrays['atom_ids'].shape[0]}")
-        series = self._series()
-        self._append(series["edges"], step, self.box)
-        self._append(series["position"], step, arrays["positions"].astype(np.float64))
-        self._append(series["image"], step, arrays["images"].astype(np.int32))
-        self._append(series["velocity"], step, arrays["velocities"].astype(np.float64))
         values = (thermo.temperature, thermo.pair_energy, thermo.total_energy, thermo.pressure)
-        for name, value in zip(_OBSERVABLES, values):
-            self._append(series[name], step, value)
-        self.file.flush()
+
+        def write_frame(file_path):
+            with h5py.File(file_path, "r+") as handle:
+                series = self._series(handle)
+                self._append(series["edges"], step, self.box)
+                self._append(series["position"], step, arrays["positions"].astype(np.float64))
+                self._append(series["image"], step, arrays["images"].astype(np.int32))
+                self._append(series["velocity"], step, arrays["velocities"].astype(np.float64))
+                for name, value in zip(_OBSERVABLES, values):
+                    self._append(series[name], step, value)
+
+        try:
+            self.file.append(write_frame)
+        except OSError as exc:
+            raise output_error(self.path, exc, "the frames written before are intact") from None
         self.last_step = int(step)
 
     def close(self) -> None:
+        """Remove the twin copy (the file itself is complete at every instant)."""
         if self.file is not None:
-            self.file.close()
+            self.file.remove_twin()
             self.file = None
 
 

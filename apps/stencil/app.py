@@ -71,6 +71,9 @@ def build_parser(rank: int = 0):
     swe.add_argument("--snapshot-every", type=non_negative_int, default=None, metavar="N",
                      help="write a netCDF snapshot (swe.nc, or latlon.nc on --grid latlon) every N steps "
                           "(0: none) [about 50 per run]")
+    swe.add_argument("--snapshot-precision", choices=("float32", "float64"), default="float32",
+                     help="precision the snapshot fields are stored in (the model computes in --precision); "
+                          "float32 halves the file [float32]")
     swe.add_argument("--no-plot", action="store_true", help="do not write PNG plots")
     perf = parser.add_argument_group("performance")
     perf.add_argument("--nccl-channels", type=non_negative_int, default=1, metavar="N",

@@ -1,5 +1,9 @@
 """What the two shallow-water grids share in their output: the appendable netCDF file and the PNG.
 
+The file is netCDF classic in its 64-bit offset form (:mod:`hpcgpu.output.netcdf_classic`), which
+every netCDF reader opens: a record is written, synced and only then counted, so a hard kill at any
+moment leaves every earlier record readable.
+
 :mod:`apps.stencil.swe.output` (beta-plane channel, x/y in metres) and
 :mod:`apps.stencil.sphere.output` (latitude-longitude) differ in their coordinates, their
 variables' metadata and how a map is drawn; opening the file on rank 0, appending a time record of
@@ -28,6 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from hpcgpu.errors import ConfigurationError
+from hpcgpu.output.errors import output_error
+from hpcgpu.output.netcdf_classic import RecordFile, Schema
 
 #: Time axis of every snapshot file (CF-1.8): model seconds from a fixed, documented origin.
 TIME_ATTRIBUTES = {"units": "seconds since 2000-01-01 00:00:00", "calendar": "standard",
@@ -43,8 +49,9 @@ class SnapshotFile:
     Subclasses define :meth:`configuration` (a JSON-able dict of the grid and physics, stored in the
     global attribute ``configuration`` and compared on restart), :meth:`centred_fields` (collective:
     ``{name: (ny, nx) array}`` on rank 0, None elsewhere) and :meth:`define` (global attributes,
-    dimensions, coordinates and one ``(time, y, x)`` float32 variable per field, on the open
-    ``h5netcdf.File``); :attr:`VARIABLES` names the time-dependent fields.
+    dimensions, coordinates and one ``(time, y, x)`` variable of :attr:`dtype` per field, on a
+    :class:`hpcgpu.output.netcdf_classic.Schema`, which reads like an ``h5netcdf.File``);
+    :attr:`VARIABLES` names the time-dependent fields.
 
     Parameters
     ----------
@@ -70,22 +77,25 @@ class SnapshotFile:
         self.comm = model.comm
         self.path = Path(path)
         self.file = None
-        self.count = 0
+        #: NumPy dtype of the stored fields (``--snapshot-precision``; float32 unless the model asks otherwise).
+        self.dtype = np.dtype(getattr(model, "snapshot_dtype", "float32"))
         problem = None
         if self.comm.rank == 0:
             try:
-                import h5netcdf  # noqa: F401
-            except ImportError:
-                print("note: h5netcdf is not installed; no netCDF snapshots written (pip install 'hpcgpu[apps]')")
-            else:
                 problem = self._open(model, restarted)
+            except OSError as exc:
+                problem = f"{self.path} cannot be written: {exc.strerror or exc} (check the --output directory)"
         # Rank 0 alone sees the file: every rank raises its verdict together, before any gather.
-        problem, writing = self.comm.broadcast((problem, self.file is not None))
+        problem = self.comm.broadcast(problem)
         if problem is not None:
             self.close()
             raise ConfigurationError(problem)
-        #: False when no file is written (h5netcdf missing): every rank then skips the gathers too.
-        self.writing = writing
+        self.writing = True
+
+    @property
+    def count(self) -> int:
+        """Records in the file (rank 0; 0 elsewhere)."""
+        return self.file.count if self.file is not None else 0
 
     # ------------------------------------------------------------------ what a subclass defines
     def configuration(self, model) -> dict:
@@ -101,22 +111,30 @@ class SnapshotFile:
     # ------------------------------------------------------------------ opening (rank 0)
     def _open(self, model, restarted: bool):
         """Rank 0: open or create the file; returns the reason to refuse it, or None."""
-        import h5netcdf
-
         if not self.path.exists():
-            self.file = h5netcdf.File(self.path, "w")
-            self.file.attrs["configuration"] = json.dumps(self.configuration(model))
+            schema = self.file = Schema()
+            schema.attrs["configuration"] = json.dumps(self.configuration(model))
             self.define(model)
-            if restarted:
-                self._add_history(f"created by a restarted run at model time {model.time:g} s; the records "
-                                  "before it are in the output of the earlier job")
+            computed = getattr(model, "dtype", None)
+            for name in self.VARIABLES:
+                schema.variables[name].attrs.setdefault(
+                    "comment", f"stored as {self.dtype}" + (f"; the model computes in {computed}" if computed else ""))
+            stamp = _utc_stamp()
+            schema.attrs["history"] = (f"{stamp} created by a restarted run at model time {model.time:g} s; the "
+                                       "records before it are in the output of the earlier job"
+                                       if restarted else f"{stamp} {schema.attrs.get('history', 'created')}")
+            self.file = None
+            try:
+                self.file = RecordFile.create(self.path, schema)
+            except FileExistsError:
+                return f"{self.path} appeared while this run was starting (another run writes there): choose another --output"
             return None
         if not restarted:
             return (f"{self.path} already exists and this run starts from step 0: it would be overwritten. "
                     f"Move or delete it, choose another --output, or continue the run that wrote it with "
                     f"--restart latest (or --restart PATH)")
         try:
-            self.file = h5netcdf.File(self.path, "a")
+            self.file = RecordFile.open(self.path)
             problem = self._incompatibility(model)
         except (OSError, ValueError, KeyError) as exc:
             problem = f"{self.path} cannot be read as a snapshot file ({exc})"
@@ -129,57 +147,56 @@ class SnapshotFile:
     def _incompatibility(self, model):
         """Rank 0: why the open file does not belong to this run, or None."""
         mine = self.configuration(model)
-        found = json.loads(self.file.attrs.get("configuration", "{}"))
+        found = json.loads(self.file.schema.attrs.get("configuration", "{}"))
         differ = sorted(key for key in set(mine) | set(found)
                         if key not in _MAY_CHANGE_ON_RESTART and mine.get(key) != found.get(key))
         if differ:
             return (f"{self.path} was written by another run: its configuration has "
                     + ", ".join(f"{key}={found.get(key)!r}" for key in differ) + ", this run "
                     + ", ".join(f"{key}={mine.get(key)!r}" for key in differ))
-        if "time" not in self.file.variables or any(name not in self.file.variables for name in self.VARIABLES):
+        variables = self.file.schema.variables
+        if "time" not in variables or any(name not in variables for name in self.VARIABLES):
             return f"{self.path} lacks the variables time, {', '.join(self.VARIABLES)}"
+        stored = {variables[name].dtype for name in self.VARIABLES}
+        if stored != {self.dtype}:
+            return (f"{self.path} stores its fields as {', '.join(sorted(map(str, stored)))}, this run "
+                    f"as {self.dtype} (--snapshot-precision)")
         return None
 
     def _drop_records_after(self, model) -> None:
         """Rank 0: keep the records before the first step of this job (time < model.time), drop the rest."""
-        times = np.asarray(self.file.variables["time"][:], dtype=np.float64)
+        times = np.array([self.file.read("time", index) for index in range(self.file.count)], dtype=np.float64)
         # Record times are step * dt: half a step away from the cut-off, never equal to it.
         late = times >= model.time - 0.5 * model.dt
         keep = int(np.argmax(late)) if late.any() else times.size
         if keep < times.size:
-            self.file.resize_dimension("time", keep)
-        self.count = keep
-        kept = f"{keep} records kept (to t = {times[keep - 1]:g} s)" if keep else "no record kept"
-        self._add_history(f"continued by a restarted run: {kept}"
-                          + (f", {times.size - keep} later records dropped (computed again by this run)"
-                             if keep < times.size else ""))
-        self.file.flush()
-
-    def _add_history(self, text: str) -> None:
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        previous = self.file.attrs.get("history", "")
-        self.file.attrs["history"] = f"{previous}\n{stamp} {text}" if previous else f"{stamp} {text}"
+            self.file.truncate(keep)
 
     # ------------------------------------------------------------------ writing
     def write(self, model) -> None:
-        """Collective: append the current state as one time record (nothing, on every rank, when no file is written)."""
-        if not self.writing:
-            return
+        """Collective: append the current state as one time record (crash-safe: see :mod:`hpcgpu.output.netcdf_classic`).
+
+        An I/O error (a full disk) on rank 0 raises :class:`hpcgpu.errors.OutputError` naming the file;
+        the records written before stay readable.
+        """
         fields = self.centred_fields(model)
         if self.file is None:
             return
-        index = self.count
-        self.file.resize_dimension("time", index + 1)
-        self.file.variables["time"][index] = model.time
-        for name, values in fields.items():
-            self.file.variables[name][index, :, :] = values.astype(np.float32)
-        self.file.flush()
-        self.count += 1
+        record = {"time": np.float64(model.time)}
+        record.update({name: values.astype(self.dtype) for name, values in fields.items()})
+        try:
+            self.file.append(record)
+        except OSError as exc:
+            raise output_error(self.path, exc, f"{self.count} earlier records are intact") from None
 
     def close(self) -> None:
-        if self.file is not None:
+        if isinstance(self.file, RecordFile):
             self.file.close()
-            self.file = None
+        self.file = None
+
+
+def _utc_stamp() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def plot_depth_and_vorticity(fields, path, draw) -> None:

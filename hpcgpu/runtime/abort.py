@@ -1,5 +1,9 @@
 """An exception on one rank ends the whole job.
 
+Exit codes: 2 for invalid input raised on every rank, 74 for a failed write
+(:class:`~hpcgpu.errors.OutputError`: a full disk, an I/O error), 1 for any other error, 75 for a
+run stopped by a stop request after its checkpoint (:mod:`hpcgpu.checkpoint.preemption`).
+
 Without this, a rank that raises leaves the others waiting forever in their next collective.
 :func:`abort_on_error` prints the error once, prefixed with ``[rank r/n]``, then calls
 ``MPI_Abort`` so the launcher (mpiexec, srun) tears down every rank within seconds with a non-zero
@@ -59,9 +63,10 @@ def abort_on_error(comm, all_ranks_error_exit: bool = True):
                 print(f"error: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(EXIT_USAGE) from None
         _report(rank, size, exc)
+        code = getattr(exc, "exit_code", EXIT_ABORT) if isinstance(exc, HpcgpuError) else EXIT_ABORT
         if size == 1:
-            raise SystemExit(EXIT_ABORT) from None
-        mpi.Abort(EXIT_ABORT)
+            raise SystemExit(code) from None
+        mpi.Abort(code)
 
 
 def replicated(exc: HpcgpuError) -> HpcgpuError:

@@ -100,6 +100,7 @@ class LatLonModel(ShallowWaterModel):
         self.initial_diagnostics = self._diagnostics_now()
         self.history = [self._history_entry(self.initial_diagnostics)]
         self.snapshot_every = getattr(options, "snapshot_every", None)
+        self.snapshot_dtype = getattr(options, "snapshot_precision", "float32")
         self.snapshots = None
 
     def _check_graph_option(self, graph) -> None:

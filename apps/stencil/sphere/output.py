@@ -1,6 +1,6 @@
 """Output of the model on the sphere: CF-1.8 netCDF snapshots and PNG maps of height and vorticity.
 
-Snapshots go to ``OUTPUT/latlon.nc`` (netCDF-4 through h5netcdf, i.e. HDF5 via h5py), written by rank
+Snapshots go to ``OUTPUT/latlon.nc`` (netCDF classic, 64-bit offset format: crash-safe appends, :mod:`hpcgpu.output.netcdf_classic`), written by rank
 0 from the gathered global fields, like the channel's :mod:`apps.stencil.swe.output`; a restarted run
 appends to the file of the run it continues and a fresh run never overwrites one
 (:mod:`apps.stencil.snapshots`). Everything is
@@ -120,7 +120,7 @@ class Snapshots(SnapshotFile):
         topography[:] = self._topography(model, p, coordinates)
         topography.attrs.update({"units": "m", "long_name": "bottom topography"})
         for name, (units, standard, long_name) in self.VARIABLES.items():
-            var = self.file.create_variable(name, ("time", "lat", "lon"), "f4", chunks=(1, p.ny, p.nx))
+            var = self.file.create_variable(name, ("time", "lat", "lon"), self.dtype)
             var.attrs.update({"units": units, "long_name": long_name})
             if standard is not None:
                 var.attrs["standard_name"] = standard

@@ -51,6 +51,7 @@ class SweModel(ShallowWaterModel):
         self._set_steps(options.days if options.days is not None else self.default_days)
         self.initial_diagnostics = self._diagnostics_now()
         self.snapshot_every = options.snapshot_every
+        self.snapshot_dtype = getattr(options, "snapshot_precision", "float32")
         self.snapshots = None
 
     # ------------------------------------------------------------------ setup

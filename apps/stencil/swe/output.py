@@ -1,6 +1,6 @@
 """Output of the shallow-water model: CF-1.8 netCDF snapshots and a PNG of the final state.
 
-Snapshots go to ``OUTPUT/swe.nc`` (netCDF-4 through h5netcdf, i.e. HDF5 via h5py), written by rank 0
+Snapshots go to ``OUTPUT/swe.nc`` (netCDF classic, 64-bit offset format: crash-safe appends, :mod:`hpcgpu.output.netcdf_classic`), written by rank 0
 from the gathered global fields; a restarted run appends to the file of the run it continues and a
 fresh run never overwrites one (:mod:`apps.stencil.snapshots`). Variables on cell centres (u and v
 are averaged from their faces, the relative vorticity from the four surrounding corners)::
@@ -85,7 +85,7 @@ class Snapshots(SnapshotFile):
         time = self.file.create_variable("time", ("time",), "f8")
         time.attrs.update(TIME_ATTRIBUTES)
         for name, (units, standard, long_name) in self.VARIABLES.items():
-            var = self.file.create_variable(name, ("time", "y", "x"), "f4", chunks=(1, p.ny, p.nx))
+            var = self.file.create_variable(name, ("time", "y", "x"), self.dtype)
             var.attrs.update({"units": units, "standard_name": standard, "long_name": long_name,
                               "grid_mapping": "beta_plane"})
 

@@ -1,5 +1,5 @@
 """The H5MD trajectory of ``python -m apps.md``: read by MDAnalysis with the LAMMPS data file, appended to
-on restart, never overwritten (issue 24)."""
+on restart, never overwritten."""
 
 import sys
 import warnings
@@ -61,6 +61,18 @@ def test_mdanalysis_opens_the_trajectory_with_the_data_file_it_started_from(tmp_
     np.testing.assert_array_equal(u.atoms.positions, universe(str(start)).atoms.positions)
     u.trajectory[-1]
     np.testing.assert_array_equal(u.atoms.positions, universe(str(end)).atoms.positions)
+
+
+def test_mdanalysis_opens_the_trajectory_alone_and_no_twin_copy_is_left(tmp_path):
+    result = run_md(2, tmp_path, "--steps", "10", "--dump-every", "5")
+    assert result.returncode == 0, result.output
+    mdanalysis = pytest.importorskip("MDAnalysis")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # no types to guess masses from
+        u = mdanalysis.Universe(str(tmp_path / "trajectory.h5md"))
+    assert u.atoms.n_atoms == 256 and u.trajectory.n_frames == 3
+    assert [int(ts.data["step"]) for ts in u.trajectory] == [0, 5, 10]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
 def test_restart_keeps_every_frame_from_step_0_equal_to_an_uninterrupted_run(tmp_path):

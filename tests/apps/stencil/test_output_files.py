@@ -48,8 +48,9 @@ def cf_problems(path, tmp_path):
 
 
 def read_records(path):
-    h5netcdf = pytest.importorskip("h5netcdf")
-    with h5netcdf.File(path, "r") as handle:
+    netCDF4 = pytest.importorskip("netCDF4")
+    with netCDF4.Dataset(path, "r") as handle:
+        handle.set_auto_mask(False)
         return {name: np.asarray(handle.variables[name][:]) for name in ("time", *FIELDS)}
 
 

@@ -55,7 +55,7 @@ def test_swe_conserves_mass_and_writes_cf_netcdf(tmp_path):
     xarray = pytest.importorskip("xarray")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        dataset = xarray.open_dataset(tmp_path / "swe" / "swe.nc", engine="h5netcdf")
+        dataset = xarray.open_dataset(tmp_path / "swe" / "swe.nc", engine="netcdf4")
         assert dataset.attrs["Conventions"] == "CF-1.8"
         assert dataset["h"].dims == ("time", "y", "x")
         assert dataset["h"].attrs["units"] == "m" and dataset["x"].attrs["units"] == "m"

@@ -69,7 +69,7 @@ def test_snapshots_open_in_xarray_with_cf_coordinates_and_plots_are_written(comm
     xarray = pytest.importorskip("xarray")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with xarray.open_dataset(output / "latlon.nc", engine="h5netcdf") as dataset:
+        with xarray.open_dataset(output / "latlon.nc", engine="netcdf4") as dataset:
             dataset.load()
     assert dataset.attrs["Conventions"] == "CF-1.8"
     assert dataset["h"].dims == ("time", "lat", "lon") and dataset["h"].shape == (3, 12, 24)
