@@ -3,7 +3,7 @@
 :func:`stencil` turns the function into a :class:`StencilKernel`. The kernel is compiled the first
 time it meets a combination of fields (their dtype, ghost widths and, on GPUs, block shape): a Numba
 ``njit(parallel=True)`` function on a CPU architecture, a CUDA C kernel on a GPU one, both printed
-from the same expression tree (:mod:`hpcgpu.stencil.codegen_cpu`, :mod:`hpcgpu.stencil.codegen_cuda`).
+from the same expression tree (:mod:`hpcgpu.stencils.codegen_cpu`, :mod:`hpcgpu.stencils.codegen_cuda`).
 
 Two ways to run it:
 
@@ -42,10 +42,10 @@ from hpcgpu.errors import ConfigurationError
 from hpcgpu.field import Field
 from hpcgpu.halo.exchange import exchange_halos
 from hpcgpu.halo.regions import split_owned
-from hpcgpu.stencil import codegen_cpu, codegen_cuda
-from hpcgpu.stencil.compile import cpu_function, gpu_function
-from hpcgpu.stencil.definition import parse
-from hpcgpu.stencil.neighbourhood import Neighbourhood
+from hpcgpu.stencils import codegen_cpu, codegen_cuda
+from hpcgpu.stencils.compile import cpu_function, gpu_function
+from hpcgpu.stencils.definition import parse
+from hpcgpu.stencils.neighbourhood import Neighbourhood
 
 REGIONS = ("owned", "interior", "rim")
 DTYPES = ("float32", "float64")
@@ -56,9 +56,9 @@ class StencilKernel:
 
     Attributes
     ----------
-    definition : hpcgpu.stencil.definition.StencilDefinition
+    definition : hpcgpu.stencils.definition.StencilDefinition
         What was read from the function.
-    neighbourhood : hpcgpu.stencil.neighbourhood.Neighbourhood
+    neighbourhood : hpcgpu.stencils.neighbourhood.Neighbourhood
         The cells it reads (halo width per axis, corners).
     fields, parameters : tuple of str
         Names of the input fields and scalar parameters, in the function's order.

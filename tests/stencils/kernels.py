@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from hpcgpu.stencil import stencil
+from hpcgpu.stencils import stencil
 
 
 @stencil

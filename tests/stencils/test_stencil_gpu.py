@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.stencil import kernels
+from tests.stencils import kernels
 
 pytestmark = pytest.mark.gpu
 

@@ -1,6 +1,6 @@
 """Run a stencil's generated CUDA C kernel on the host: the same source, every thread of the launch grid.
 
-The GPU form of a stencil is CUDA C text (:mod:`hpcgpu.stencil.codegen_cuda`). Without a GPU, CI
+The GPU form of a stencil is CUDA C text (:mod:`hpcgpu.stencils.codegen_cuda`). Without a GPU, CI
 compiles that very text with the host's C++ compiler after a prelude that defines ``__global__``,
 ``threadIdx``, ``blockIdx``, ``blockDim`` and ``gridDim``, and a generated ``launch`` function that
 calls the kernel once per thread of the launch grid (:func:`codegen_cuda.launch_shape`), block by
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcgpu.stencil import codegen_cuda
+from hpcgpu.stencils import codegen_cuda
 
 PRELUDE = """\
 #include <math.h>

@@ -23,7 +23,7 @@ statements, calls to other functions, non-constant indices, attribute access) is
 :class:`StencilDefinitionError` naming the line.
 
 :func:`parse` turns the function into a :class:`StencilDefinition`: the statements as a tree of the
-node classes below, which :mod:`hpcgpu.stencil.codegen_cpu` and :mod:`hpcgpu.stencil.codegen_cuda`
+node classes below, which :mod:`hpcgpu.stencils.codegen_cpu` and :mod:`hpcgpu.stencils.codegen_cuda`
 print as Numba and CUDA C source. Both print the *same* tree, operation by operation in the order
 Python evaluates it, so the CPU and GPU kernels perform the same floating-point operations.
 """

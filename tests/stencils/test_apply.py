@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.stencil import kernels
+from tests.stencils import kernels
 
 CASES = [
     # kernel, reference, global shape, periodic, params, halo_width of the fields, dtype

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from hpcgpu.errors import ConfigurationError
-from hpcgpu.stencil import StencilDefinitionError, stencil
-from tests.stencil import kernels
+from hpcgpu.stencils import StencilDefinitionError, stencil
+from tests.stencils import kernels
 
 
 def test_fields_parameters_and_outputs_are_read_from_the_function():
@@ -40,7 +40,7 @@ def test_per_field_halo_widths_and_which_fields_are_exchanged():
 
 
 def test_power_is_repeated_multiplication_and_min_max_follow_python():
-    from hpcgpu.stencil.definition import Binary, Compare, Select
+    from hpcgpu.stencils.definition import Binary, Compare, Select
 
     reaction = kernels.gray_scott.definition.statements[2].value
     assert isinstance(reaction.right, Binary) and reaction.right.op == "*"

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hpcgpu.stencil import codegen_cuda
-from tests.stencil import kernels
-from tests.stencil.cuda_on_host import HostKernel, compiler
+from hpcgpu.stencils import codegen_cuda
+from tests.stencils import kernels
+from tests.stencils.cuda_on_host import HostKernel, compiler
 
 ALL = [
     (kernels.gray_scott, dict(feed=0.037, kill=0.06, diffusion_u=0.2, diffusion_v=0.1, dt=0.9), (37, 29), 1),
@@ -43,7 +43,7 @@ def _binding(kernel, shape, halo, dtype, seed=0):
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("case", range(len(ALL)), ids=[k.__name__ for k, *_ in ALL])
 def test_nvrtc_compiles_the_kernel_for_sm90_without_fma(case, dtype):
-    nvrtc = pytest.importorskip("hpcgpu.stencil.nvrtc")
+    nvrtc = pytest.importorskip("hpcgpu.stencils.nvrtc")
     from hpcgpu.errors import BackendError
 
     kernel, _, shape, halo = ALL[case]

@@ -39,7 +39,7 @@ class Neighbourhood:
 
     @classmethod
     def of(cls, definition) -> "Neighbourhood":
-        """The neighbourhood of a :class:`~hpcgpu.stencil.definition.StencilDefinition`."""
+        """The neighbourhood of a :class:`~hpcgpu.stencils.definition.StencilDefinition`."""
         return cls(definition.ndim, dict(definition.accesses))
 
     def field_halo_width(self, field: str) -> tuple:
