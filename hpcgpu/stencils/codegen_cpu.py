@@ -9,10 +9,12 @@ coordinates (0 is the first owned cell of the block, along every axis)::
             lo_0, hi_0, lo_1, hi_1 = regions[region, 0], regions[region, 1], ...
             for i_0 in prange(lo_0, hi_0):            # threads share the first axis
                 for i_1 in range(lo_1, hi_1):         # the contiguous axis: vectorised
-                    out_0[i_0 + 1, i_1 + 1] = field_u[i_0 + 1, i_1 + 1] + param_alpha * (...)
+                    out_0[i_0 + U(1), i_1 + U(1)] = field_u[i_0 + U(1), i_1 + U(1)] + param_alpha * (...)
 
 Each array's ghost width is added to the loop indices as a constant (the function is specialised for
-the fields' ghost widths), so fields with different ``halo_width`` can be combined. Arithmetic is in
+the fields' ghost widths), so fields with different ``halo_width`` can be combined. Loop indices are
+unsigned (``np.uint64``): ghost width plus offset is never negative, and unsigned indices spare the
+negative-index check that keeps LLVM from vectorising the inner loop (2-3x slower). Arithmetic is in
 the fields' dtype: constants are written as ``T(value)`` with ``T`` the NumPy type, and parameters
 arrive converted. Numba keeps the order of operations of the source and does not contract
 ``a * b + c`` into a fused multiply-add without ``fastmath`` (not used).
@@ -68,6 +70,7 @@ def python_source(definition, dtype, field_halos: dict, output_halos: tuple, cac
         "from numba import njit, prange",
         "",
         f"T = np.{type_name}",
+        "U = np.uint64",
         "",
         "",
         f'@njit(parallel=True, error_model="numpy", boundscheck=False, cache={bool(cache)})',
@@ -75,8 +78,8 @@ def python_source(definition, dtype, field_halos: dict, output_halos: tuple, cac
         "    for region in range(regions.shape[0]):",
     ]
     for axis in range(ndim):
-        lines.append(f"        lo_{axis} = regions[region, {2 * axis}]")
-        lines.append(f"        hi_{axis} = regions[region, {2 * axis + 1}]")
+        lines.append(f"        lo_{axis} = U(regions[region, {2 * axis}])")
+        lines.append(f"        hi_{axis} = U(regions[region, {2 * axis + 1}])")
     indent = "        "
     for axis in range(ndim):
         loop = "prange" if axis == 0 else "range"
@@ -94,7 +97,9 @@ class _PythonPrinter:
         self.ndim, self.field_halos, self.type_name = ndim, field_halos, type_name
 
     def index(self, halo, offset) -> str:
-        return ", ".join(f"i_{axis} + {w + d}" if w + d >= 0 else f"i_{axis} - {-(w + d)}"
+        # Unsigned indices: ghost width + offset is never negative, and with unsigned indices Numba
+        # emits no negative-index wraparound, which would stop LLVM vectorising the inner loop.
+        return ", ".join(f"i_{axis} + U({w + d})" if w + d else f"i_{axis}"
                          for axis, (w, d) in enumerate(zip(halo, offset)))
 
     def constant(self, value: float) -> str:

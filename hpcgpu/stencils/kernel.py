@@ -159,7 +159,11 @@ class StencilKernel:
 
     # ------------------------------------------------------------------ binding fields
     def bind(self, outputs, inputs) -> "_Binding":
-        """The validated, compiled application of this kernel to these fields (cached per fields)."""
+        """The validated, compiled application of this kernel to these fields (cached per fields).
+
+        The first :meth:`apply` or :meth:`update` binds; binding before the timed loop (a model's
+        ``prepare``) keeps the compilation out of the timings.
+        """
         outputs = [outputs] if isinstance(outputs, Field) else list(outputs)
         inputs = self._inputs_by_name(inputs)
         key = tuple(id(f) for f in outputs) + tuple(id(inputs[name]) for name in self.fields)
@@ -267,6 +271,9 @@ class _Binding:
             self.function = cpu_function(self.source, codegen_cpu.function_name(definition))
             self.tables = {region: np.array(bounds_list, dtype=np.int64).reshape(len(bounds_list), 2 * grid.ndim)
                            for region, bounds_list in self.regions.items()}
+            # Compile now (Numba compiles at the first call): a call over no region touches no cell.
+            no_region = np.zeros((0, 2 * grid.ndim), dtype=np.int64)
+            self.function(*self.arrays, *(self.dtype.type(0) for _ in definition.parameters), no_region)
 
     def cuda_source(self) -> str:
         """The CUDA C source of this kernel for these fields (compiled on GPUs; printable anywhere)."""

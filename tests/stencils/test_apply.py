@@ -137,5 +137,5 @@ def test_generated_cpu_source_is_readable_and_specialised_for_the_ghost_widths()
     grid, arch, (u, out) = _serial_fields((6, 6), halo=2)
     source = kernels.heat.generated_source(out, {"u": u})
     assert "@njit(parallel=True" in source and "fastmath" not in source
-    assert "field_u[i_0 + 1, i_1 + 2]" in source   # offset -1 on axis 0 with ghost width 2
-    assert "out_0[i_0 + 2, i_1 + 2]" in source
+    assert "field_u[i_0 + U(1), i_1 + U(2)]" in source   # offset -1 on axis 0 with ghost width 2
+    assert "out_0[i_0 + U(2), i_1 + U(2)]" in source
