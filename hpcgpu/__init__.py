@@ -17,7 +17,9 @@ import importlib
 
 __version__ = "0.1.0"
 
+#: The public API: name -> (module, attribute; None for the module itself), imported on first use.
 _LAZY = {
+    # runtime, grid and fields
     "Communicator": ("hpcgpu.runtime.communicator", "Communicator"),
     "Decomposition": ("hpcgpu.decomposition", "Decomposition"),
     "Field": ("hpcgpu.field", "Field"),
@@ -26,9 +28,30 @@ _LAZY = {
     "abort_on_error": ("hpcgpu.runtime.abort", "abort_on_error"),
     "arch": ("hpcgpu.arch", None),
     "errors": ("hpcgpu.errors", None),
+    # the kernel layer
+    "stencil": ("hpcgpu.stencils.kernel", "stencil"),
+    "StencilKernel": ("hpcgpu.stencils.kernel", "StencilKernel"),
+    "stencils": ("hpcgpu.stencils", None),
+    # diagnostics with the same bits on any rank count
+    "global_sum": ("hpcgpu.reductions", "global_sum"),
+    "global_mean": ("hpcgpu.reductions", "global_mean"),
+    # the simulation driver and what a model plugs into it
+    "Simulation": ("hpcgpu.simulation.driver", "Simulation"),
+    "Model": ("hpcgpu.simulation.model", "Model"),
+    "FieldModel": ("hpcgpu.simulation.field_model", "FieldModel"),
+    "Operation": ("hpcgpu.simulation.operations", "Operation"),
+    "Periodic": ("hpcgpu.simulation.triggers", "Periodic"),
+    "AtEnd": ("hpcgpu.simulation.triggers", "AtEnd"),
+    "setup_architecture": ("hpcgpu.simulation.driver", "setup_architecture"),
+    "simulation": ("hpcgpu.simulation", None),
+    "NetCDFOutput": ("hpcgpu.output.fields", "NetCDFOutput"),
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
 
 
 def __getattr__(name: str):

@@ -56,10 +56,23 @@ RESTART_INDEPENDENT_OPTIONS = frozenset({
 
 
 def fingerprinted_options(options, excluded=RESTART_INDEPENDENT_OPTIONS) -> dict:
-    """The options of ``options`` (an ``argparse.Namespace`` or a mapping of destinations to values)
-    that define the run's configuration, keyed by their flag (``{"--nx": 36}``, so that a refusal
-    names the flags that differ)."""
-    values = options if isinstance(options, Mapping) else vars(options)
+    """The options of ``options`` that define the run's configuration, keyed by their flag
+    (``{"--nx": 36}``, so that a refusal names the flags that differ).
+
+    Parameters
+    ----------
+    options : argparse.Namespace, FrozenOptions or mapping of destinations to values
+    excluded : collection of str
+        Destinations left out: options a restart may change. A model adds its own through
+        :attr:`hpcgpu.simulation.Model.restart_independent_options`, which the driver joins to
+        :data:`RESTART_INDEPENDENT_OPTIONS`.
+    """
+    if isinstance(options, Mapping):
+        values = options
+    elif hasattr(options, "as_dict"):   # FrozenOptions (read-only, no __dict__)
+        values = options.as_dict()
+    else:
+        values = vars(options)
     return {"--" + key.replace("_", "-"): value for key, value in sorted(values.items()) if key not in excluded}
 
 

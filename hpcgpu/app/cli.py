@@ -14,6 +14,7 @@ import math
 import sys
 from pathlib import Path
 
+import hpcgpu
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.transport.selection import TRANSPORTS
 
@@ -39,6 +40,10 @@ class AppArgumentParser(argparse.ArgumentParser):
     def print_help(self, file=None):
         if self.rank == 0:
             super().print_help(file)
+
+    def _print_message(self, message, file=None):
+        if self.rank == 0:   # --version, usage lines: once per job
+            super()._print_message(message, file)
 
     def exit(self, status=0, message=None):
         if message and self.rank == 0:
@@ -121,11 +126,58 @@ _KIND = {int: "integer", positive_int: "integer", non_negative_int: "integer",
          float: "number", finite_float: "number", positive_float: "number", non_negative_float: "number"}
 
 
-def common_parser(prog: str, description: str, rank: int = 0, default_steps: int | None = None) -> AppArgumentParser:
-    """A parser with the flags every app accepts; the app adds its own to it."""
-    parser = AppArgumentParser(prog=f"python -m {prog}", description=description,
-                               epilog=EPILOG_COMMON.format(prog=prog), rank=rank)
+def launch_command(prog: str) -> str:
+    """How the app is started: ``python -m apps.stencil`` for a module, ``python gray_scott.py`` for a script."""
+    return f"python {prog}" if prog.endswith(".py") or "/" in prog else f"python -m {prog}"
+
+
+def dims_type(n_axes: int):
+    """A type for ``--dims``: ``n_axes`` comma-separated ranks per axis, ``*`` or 0 for "choose"."""
+
+    def parse(text: str) -> tuple:
+        parts = [part.strip() for part in str(text).split(",")]
+        try:
+            values = tuple(0 if part in ("*", "0") else int(part) for part in parts)
+        except ValueError:
+            values = None
+        if values is None or len(values) != n_axes or any(v < 0 for v in values):
+            raise argparse.ArgumentTypeError(
+                f"expected {n_axes} ranks per axis separated by commas (a number, or * to choose), e.g. "
+                f"{','.join(['2'] * n_axes)} or {','.join(['*'] * (n_axes - 1) + ['1'])}; got {text!r}")
+        return values
+
+    parse.__name__ = f"dims_{n_axes}d"
+    return parse
+
+
+def common_parser(prog: str, description: str, rank: int = 0, default_steps: int | None = None,
+                  version: str | None = None, grid_axes: int | None = None) -> AppArgumentParser:
+    """A parser with the flags every app accepts; the app adds its own to it.
+
+    Parameters
+    ----------
+    prog : str
+        The app's module (``"apps.stencil"``: help says ``python -m apps.stencil``) or script file
+        (``"gray_scott.py"``: help says ``python gray_scott.py``).
+    description : str
+    rank : int
+        Only rank 0 prints help.
+    default_steps : int, optional
+    version : str, optional
+        The app's own version: adds ``--version`` (``PROG VERSION (hpcgpu X)``).
+    grid_axes : int, optional
+        Axes of the app's grid: adds ``--dims`` (ranks per axis, e.g. ``2,2``), parsed into a tuple of
+        ``grid_axes`` ints (0: chosen by :class:`hpcgpu.Decomposition`), identically on every rank.
+    """
+    command = launch_command(prog)
+    parser = AppArgumentParser(prog=command, description=description,
+                               epilog=EPILOG_COMMON.replace("python -m {prog}", command), rank=rank)
+    if version is not None:
+        parser.add_argument("--version", action="version", version=f"{prog} {version} (hpcgpu {hpcgpu.__version__})")
     run = parser.add_argument_group("run")
+    if grid_axes is not None:
+        run.add_argument("--dims", type=dims_type(grid_axes), default=None, metavar=",".join(["N"] * grid_axes),
+                         help="ranks per axis of the process grid, slowest axis first (* or 0: chosen) [automatic]")
     run.add_argument("--config", metavar="FILE.toml", help="read options from a TOML file (flags override it)")
     run.add_argument("--backend", choices=("auto", "cupy", "numpy"), default="auto",
                      help="auto: GPU (CuPy) when every rank has one, else CPU (NumPy + Numba) [auto]")

@@ -1,6 +1,7 @@
 """The simulation driver: hpcgpu owns the run loop, an app brings its model.
 
 - :mod:`hpcgpu.simulation.model`      -- :class:`Model`, the interface a model implements
+- :mod:`hpcgpu.simulation.field_model` -- :class:`FieldModel`, a Model over ping-pong Fields advanced by stencils
 - :mod:`hpcgpu.simulation.triggers`   -- when operations act (:class:`Periodic`, :class:`AtEnd` ...)
 - :mod:`hpcgpu.simulation.operations` -- NaN check, model output, progress, checkpoints
 - :mod:`hpcgpu.simulation.driver`     -- :class:`Simulation`, the one run loop
@@ -9,9 +10,10 @@ See ``docs/architecture.md`` for the loop order and an example app.
 """
 
 from hpcgpu.simulation.driver import Simulation, nccl_channel_limit, setup_architecture, use_graphs
+from hpcgpu.simulation.field_model import CurrentField, FieldModel
 from hpcgpu.simulation.model import Model
 from hpcgpu.simulation.operations import Operation, check_finite
 from hpcgpu.simulation.triggers import AtEnd, Periodic, Trigger
 
-__all__ = ["AtEnd", "Model", "Operation", "Periodic", "Simulation", "Trigger", "check_finite",
+__all__ = ["AtEnd", "CurrentField", "FieldModel", "Model", "Operation", "Periodic", "Simulation", "Trigger", "check_finite",
            "nccl_channel_limit", "setup_architecture", "use_graphs"]

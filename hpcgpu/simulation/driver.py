@@ -17,13 +17,14 @@ import os
 import time
 
 import hpcgpu
-from hpcgpu.app.checkpointing import RunControl
+from hpcgpu.app.checkpointing import RESTART_INDEPENDENT_OPTIONS, RunControl
 from hpcgpu.app.environment import files_written, write_environment
 from hpcgpu.app.graph import StepGraph
 from hpcgpu.app.plausibility import check_throughput
 from hpcgpu.app.progress import Progress, steps_text
 from hpcgpu.app.summary import make_summary, write_json
 from hpcgpu.app.timers import PhaseTimers, format_timers
+from hpcgpu.checkpoint import EXIT_REQUEUE
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.monitor import GpuMonitor
 from hpcgpu.runtime.fault_injection import maybe_fail
@@ -178,7 +179,8 @@ class Simulation:
         :func:`use_graphs`).
     fingerprint : dict, optional
         The options that define the run, for the checkpoints' identity (default: all of ``options``
-        except the restart-independent ones).
+        except the restart-independent ones: the common ones and the model's
+        :attr:`~hpcgpu.simulation.Model.restart_independent_options`).
     progress_note_fn : callable
         ``note_fn(simulation) -> str`` for the progress line (default: ``model.progress_note()``).
     plot : bool
@@ -231,7 +233,9 @@ class Simulation:
                    steps up to the next event (2, 4, ..., 32 steps; graph_window, next_event)
                 -> NaN check (its trigger) -> model.after_step (output) -> app operations
                 -> progress -> checkpoint every --checkpoint-every steps; on SIGTERM/SIGUSR1 or
-                   near the wall-time limit: final checkpoint, exit 75 (requeue)
+                   near the wall-time limit: final checkpoint, then the operations whose trigger fires
+                   at the end of a run (AtEnd) act at this step and every operation's end runs,
+                   exit 75 (requeue; no summary)
             final checkpoint (with --checkpoint-every) -> model.settle() -> the clock stops
             monitor -> NaN check -> diagnostics -> checksum -> plausibility -> summary
             -> model.finish (files, plots) -> operations' end -> table, JSON summary (rank 0)
@@ -251,7 +255,9 @@ class Simulation:
         monitor = None
         try:
             monitor = GpuMonitor.from_options(comm, arch, options)  # --monitor: NVML sampling thread
-            self._print(f"{self.app} {hpcgpu.__version__}: {model.describe()}")
+            version = model.version
+            self._print(f"{self.app} {version} (hpcgpu {hpcgpu.__version__}): {model.describe()}" if version
+                        else f"{self.app} {hpcgpu.__version__}: {model.describe()}")
             for line in model.header_lines(comm, arch):
                 self._print(line)
             if arch.is_gpu and comm.size > 1:
@@ -266,13 +272,16 @@ class Simulation:
                     and model.graph_unsupported is None:
                 self._print(f"note: steps run eagerly (no CUDA graphs): {blocker}")
             self.control = RunControl(comm, options, app=self.app, output=self.output, quiet=options.quiet,
-                                      stop_check_every=model.stop_check_every, config=self.fingerprint)
+                                      stop_check_every=model.stop_check_every, config=self.fingerprint,
+                                      excluded_options=RESTART_INDEPENDENT_OPTIONS | model.restart_independent_options)
             self.restarted = model.load_checkpoint(self.control) is not None
             self.first_step = model.step_index   # 0, or the checkpoint's step
             self._print(f"steps: {steps_text(self.first_step, self.final_step)}", flush=True)
             self.progress = Progress(comm, self.final_step, enabled=not options.quiet, first=self.first_step)
             wall = self._timed_loop(graphs)
-        except BaseException:   # an error, or SystemExit(75) after a stop request's checkpoint
+        except BaseException as error:   # an error, or SystemExit(75) after a stop request's checkpoint
+            if isinstance(error, SystemExit) and error.code == EXIT_REQUEUE:
+                self._end_on_stop()
             if monitor is not None:
                 monitor.stop()
             model.close()
@@ -318,6 +327,22 @@ class Simulation:
         arch.synchronize()
         return time.perf_counter() - started
 
+    def _end_on_stop(self) -> None:
+        """Collective, after a stop request's checkpoint (every rank stops at the same step): the job
+        ends here, so operations whose trigger fires at the end of a run (:class:`AtEnd`) act now, as
+        if the run had been asked to end at this step, unless they already acted at it; then every
+        operation's ``end`` runs (files closed). The summary, the model's ``finish`` and the final
+        NaN check do not run: the run continues with ``--restart latest``."""
+        step = self.model.step_index
+        for operation in self.operations:
+            if isinstance(operation, (Checkpoint, ProgressReport, ModelOutput)):
+                continue
+            trigger = operation.trigger
+            if trigger(step, step) and not trigger(step, self.final_step):
+                operation.act(self)
+        for operation in self.operations:
+            operation.end(self)
+
     def next_event(self) -> int:
         """The next step at which the host has work between steps: the final step, a periodic checkpoint,
         or the next firing of an operation with :attr:`~Operation.exact_steps` (a NaN check every 25
@@ -360,7 +385,7 @@ class Simulation:
             app=self.app, backend=arch.name, comm=comm, decomposition=model.decomposition(),
             steps=done, wall_seconds=wall, throughput=throughput, unit=model.unit, timers=timer_summary,
             diagnostics=diagnostics, checksum=checksum,
-            extra={"first_step": self.first_step, "final_step": model.step_index,
+            extra={"app_version": model.version, "first_step": self.first_step, "final_step": model.step_index,
                    "transport": transport.name, "transport_source": transport.source, **model.summary_extra(self),
                    **plausibility, **monitor_extra},
         )

@@ -51,6 +51,14 @@ class Model:
         whose steps exchange by other means (peer stores) or not at all sets False.
     stop_check_every : int
         Steps between the ranks' agreement on stopping (signal, wall-time limit); long steps use 1.
+    restart_independent_options : frozenset of str
+        The model's own options (``argparse`` destinations, ``"threads"`` for ``--threads``) that a
+        restart may change: left out of the checkpoints' fingerprint, in addition to the common ones
+        (:data:`hpcgpu.app.checkpointing.RESTART_INDEPENDENT_OPTIONS`: ``--steps``, ``--dims``,
+        ``--backend``, output and checkpoint flags ...). Every other option must be equal on
+        ``--restart latest``; a differing one is refused with its name. Default: none.
+    version : str or None
+        The model's (app's) own version, shown in the header and the summary's ``app_version``.
     step_index : int
         Absolute index of the last completed step.
     """
@@ -63,6 +71,8 @@ class Model:
     graph_unsupported: str | None = None
     steps_use_job_transport = True
     stop_check_every = STOP_CHECK_EVERY
+    restart_independent_options: frozenset = frozenset()
+    version: str | None = None
     step_index = 0
 
     # ------------------------------------------------------------------ required
