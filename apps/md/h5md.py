@@ -66,7 +66,10 @@ every rank before any gather.
 
 from __future__ import annotations
 
+import errno
 import getpass
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +134,7 @@ class H5MDWriter:
             def define(new_path):
                 with h5py.File(new_path, "w-") as handle:
                     self._define(handle, author)
+                    handle.flush()
             try:
                 self.file = TwinFile.create(self.path, define)
             except FileExistsError:
@@ -240,6 +244,7 @@ class H5MDWriter:
                 keep = int(np.searchsorted(group["step"][()], step, side="right"))   # steps increase
                 for key in ("step", "time", "value"):
                     group[key].resize(keep, axis=0)
+            handle.flush()
 
     # ------------------------------------------------------------------ frames
     def _append(self, group, step, value) -> None:
@@ -262,15 +267,32 @@ class H5MDWriter:
             raise ValueError(f"H5MD frame: expected {self.n_atoms} atoms, found {arrays['atom_ids'].shape[0]}")
         values = (thermo.temperature, thermo.pair_energy, thermo.total_energy, thermo.pressure)
 
+        frame = {"position": arrays["positions"].astype(np.float64), "image": arrays["images"].astype(np.int32),
+                 "velocity": arrays["velocities"].astype(np.float64)}
+        frame_bytes = sum(value.nbytes for value in frame.values())
+        free = shutil.disk_usage(self.path.parent).free
+        if free < 2 * frame_bytes + (64 << 10):   # the frame goes to two copies (TwinFile), plus metadata
+            raise output_error(self.path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
+                               f"the frames written before are intact ({free} bytes free, a frame needs "
+                               f"{2 * frame_bytes} on this file system)")
+
         def write_frame(file_path):
             with h5py.File(file_path, "r+") as handle:
                 series = self._series(handle)
                 self._append(series["edges"], step, self.box)
-                self._append(series["position"], step, arrays["positions"].astype(np.float64))
-                self._append(series["image"], step, arrays["images"].astype(np.int32))
-                self._append(series["velocity"], step, arrays["velocities"].astype(np.float64))
+                for name, value in frame.items():
+                    self._append(series[name], step, value)
                 for name, value in zip(_OBSERVABLES, values):
                     self._append(series[name], step, value)
+                handle.flush()   # raises on a full disk; h5py's close() would only print the failure
+            # HDF5 does not always report a write the storage refused (a full tmpfs left holes that read
+            # as zeros): read the frame back before the file is published.
+            with h5py.File(file_path, "r") as handle:
+                for name, value in frame.items():
+                    stored = handle[_PARTICLE_SERIES[name]]
+                    if int(stored["step"][-1]) != step or not np.array_equal(stored["value"][-1], value):
+                        raise OSError(errno.EIO, f"frame of step {step} read back differs from what was written "
+                                                 f"(the storage lost a write)")
 
         try:
             self.file.append(write_frame)

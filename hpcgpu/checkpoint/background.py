@@ -6,47 +6,14 @@ commit stay in the manager.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import queue
-import sys
 import threading
 import time
 import traceback
 from pathlib import Path
 
-from hpcgpu.checkpoint.space import failure_text, is_storage_failure
-
-
-@contextlib.contextmanager
-def quiet_hdf5_teardown():
-    """Drop the "Exception ignored in h5py ObjectID.__dealloc__" reports of a failed write while in the block.
-
-    After a write fails (a full disk), h5py closes the file's objects as they are freed and HDF5
-    fails to flush each one again: dozens of tracebacks of one failure that the job reports once, by
-    name. Other unraisable exceptions pass to the previous hook.
-    """
-    previous_unraisable, previous_except = sys.unraisablehook, sys.excepthook
-
-    def from_h5py_dealloc(tb) -> bool:
-        frames = traceback.extract_tb(tb) if tb is not None else []
-        return bool(frames) and "h5py/_objects" in frames[-1].filename
-
-    def unraisable_hook(unraisable):
-        if "ObjectID" in repr(unraisable.object) or from_h5py_dealloc(unraisable.exc_traceback):
-            return
-        previous_unraisable(unraisable)
-
-    def except_hook(kind, value, tb):   # Cython prints the full traceback first, through sys.excepthook
-        if from_h5py_dealloc(tb):
-            return
-        previous_except(kind, value, tb)
-
-    sys.unraisablehook, sys.excepthook = unraisable_hook, except_hook
-    try:
-        yield
-    finally:
-        sys.unraisablehook, sys.excepthook = previous_unraisable, previous_except
+from hpcgpu.output.errors import failure_text, is_storage_failure, quiet_hdf5_teardown
 
 
 class WriteJob:

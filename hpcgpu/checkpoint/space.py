@@ -1,25 +1,20 @@
-"""Room for a checkpoint, and one line for a write that failed anyway.
+"""Room for a checkpoint: checked before it is written.
 
 Before a checkpoint is written, rank 0 compares the free space of the checkpoint directory with what
 the checkpoint needs (:func:`space_problem`), so a filling disk ends the run with one message naming
 the directory, before HDF5 meets the full disk. A write can still fail (another job filled the disk
-meanwhile, an I/O error): :func:`failure_text` turns the exception, whose HDF5 text spans several
-lines, into one line, and :func:`is_storage_failure` tells whether the storage refused the write.
+meanwhile, an I/O error): :mod:`hpcgpu.output.errors` makes one line of it.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-import re
+
 
 #: Checkpoint bytes beyond the arrays: HDF5 metadata, checksums, the master file (per file written).
 OVERHEAD_PER_FILE = 64 << 10
 #: Relative margin on the array bytes (chunk rounding, checksum tiles).
 MARGIN = 0.05
-_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG}
-_HDF5_ERRNO = re.compile(r"errno = (\d+)")
-
 
 #: Set to 0 to skip the free-space check (a file system whose ``statvfs`` does not reflect your quota).
 SPACE_CHECK_VARIABLE = "HPCGPU_CHECKPOINT_SPACE_CHECK"
@@ -46,25 +41,3 @@ def space_problem(directory, array_bytes: int, n_files: int) -> str | None:
         return None
     return (f"the checkpoint needs about {_size(needed)} in {directory}, which has {_size(free)} free: free "
             f"space or pass another --checkpoint-dir, then restart with --restart latest")
-
-
-def failure_errno(exc: BaseException) -> int | None:
-    """The errno behind ``exc`` (an OSError's, or the one HDF5 quotes in its message)."""
-    if isinstance(exc, OSError) and exc.errno:
-        return exc.errno
-    found = _HDF5_ERRNO.search(str(exc))
-    return int(found.group(1)) if found else None
-
-
-def failure_text(exc: BaseException) -> str:
-    """One line for a failed write: the system's reason when there is one, else the exception's first line."""
-    number = failure_errno(exc)
-    if number is not None:
-        return f"{os.strerror(number)} (errno {number})"
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {first}"
-
-
-def is_storage_failure(exc: BaseException) -> bool:
-    """True when the storage refused the write (full disk, quota, I/O error, read-only file system)."""
-    return failure_errno(exc) in _STORAGE_ERRNOS

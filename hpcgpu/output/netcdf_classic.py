@@ -355,10 +355,10 @@ class RecordFile:
                 try:
                     schema, layout, numrecs = decode_header(head)
                     break
-                except (ValueError, struct.error, IndexError):
+                except (ValueError, struct.error, IndexError) as exc:
                     more = handle.read(len(head))   # a header larger than what was read: read more
                     if not more:
-                        raise
+                        raise ValueError(f"{path} has no complete netCDF 64-bit offset header ({exc})") from None
                     head += more
             size = os.fstat(handle.fileno()).st_size
         end = layout.records_begin + numrecs * layout.record_size

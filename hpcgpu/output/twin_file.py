@@ -19,10 +19,12 @@ inode it opened, which step 4 then writes to: reopen the file to see new records
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 from pathlib import Path
 
+from hpcgpu.output.errors import failure_errno, is_storage_failure, quiet_hdf5_teardown
 from hpcgpu.output.netcdf_classic import _sync_directory
 from hpcgpu.runtime.fault_injection import maybe_fail
 
@@ -106,7 +108,7 @@ class TwinFile:
 
     def _apply(self, change_fn) -> None:
         maybe_fail("write", 0)   # the writer is rank 0
-        change_fn(self.twin)                       # 1. PATH untouched
+        self._change(change_fn, self.twin)         # 1. PATH untouched
         if self.durable:
             _fsync_path(self.twin)
         self.spare.unlink(missing_ok=True)
@@ -114,10 +116,27 @@ class TwinFile:
         os.replace(self.twin, self.path)           # 3. readers now see the new record
         if self.durable:
             _sync_directory(self.path.parent)
-        change_fn(self.spare)                      # 4. the old inode catches up and becomes the twin
+        self._change(change_fn, self.spare)        # 4. the old inode catches up and becomes the twin
         if self.durable:
             _fsync_path(self.spare)
         os.replace(self.spare, self.twin)
+
+    @staticmethod
+    def _change(change_fn, file_path: Path) -> None:
+        """``change_fn(file_path)``; a storage failure (full disk) comes out as one OSError, h5py's echoes dropped."""
+        try:
+            with quiet_hdf5_teardown():
+                try:
+                    change_fn(file_path)
+                finally:
+                    gc.collect()   # the h5py objects of a failed write are freed here, quietly
+        except OSError:
+            raise
+        except Exception as exc:
+            if is_storage_failure(exc):
+                number = failure_errno(exc)
+                raise OSError(number, os.strerror(number), str(file_path)) from None
+            raise
 
     def remove_twin(self) -> None:
         """Delete the twin (the file stays complete; :meth:`open` makes a new twin when writing resumes)."""
