@@ -47,7 +47,7 @@ from hpcgpu.health.hang import format_stack, hang_summary, main_thread_frame, na
 EXIT_HANG = 76
 PHASES = ("start-up", "step", "checkpoint", "finish")
 TEST_VARIABLE = "HPCGPU_WATCHDOG_TEST"
-_HEARTBEAT, _REPORT = 4311, 4312
+_HEARTBEAT, _REPORT, _VERDICT = 4311, 4312, 4313
 #: Heartbeat fields (float64): sequence, last step, phase, seconds in phase, timeout, waiting, expired, done.
 _FIELDS = 8
 
@@ -227,13 +227,15 @@ class Watchdog:
             state["expired"] = True
         if self.channel is None:
             if self.expired_at is not None and now - self.expired_at > self.settings.grace:
-                self._end([self.rank], "no progress (ranks not compared: MPI without MPI_THREAD_MULTIPLE)",
-                          {self.rank: state})
+                self._end([self.rank], "no progress" if self.size == 1 else
+                          "no progress (ranks not compared: MPI without MPI_THREAD_MULTIPLE)", {self.rank: state})
         elif self.rank == 0:
             self._states[0] = {**state, "received": now}
             self._receive(now)
             self._judge(now)
         else:
+            if self.channel.iprobe(source=0, tag=_VERDICT):
+                self._exit_on_verdict()
             self._publish(state)
             if self.expired_at is not None and now - self.expired_at > 3 * self.settings.grace + 5:
                 self._end([0], "rank 0 gave no verdict (its watchdog cannot run)", {self.rank: state})
@@ -333,6 +335,22 @@ class Watchdog:
                     json.dump(self.verdict, handle, indent=2, default=str)
             except OSError as exc:
                 self.emit_fn(f"{self.prefix} watchdog: could not write the hang report: {exc}")
+        self._stop.set()
+        if self.channel is not None and self.rank == 0:
+            # Every rank that can still act aborts with EXIT_HANG itself, so the launcher reports that code
+            # (after one MPI_Abort it may report the signal that killed another rank); then this rank's
+            # abort ends those that cannot act.
+            requests = [self.channel.isend(EXIT_HANG, dest=rank, tag=_VERDICT) for rank in range(1, self.size)]
+            deadline = time.monotonic() + 2 * self.settings.interval + 0.5
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+            del requests
+        self.abort_fn(EXIT_HANG)
+
+    def _exit_on_verdict(self) -> None:
+        """Rank 0 ended the job: abort from this rank too, with :data:`EXIT_HANG`."""
+        self.channel.recv(source=0, tag=_VERDICT)
+        self.emit_fn(f"{self.prefix} watchdog: rank 0 ended the hung job (exit {EXIT_HANG})")
         self._stop.set()
         self.abort_fn(EXIT_HANG)
 
