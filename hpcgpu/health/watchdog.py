@@ -253,6 +253,8 @@ class Watchdog:
 
     def _expire(self, now: float, state: dict) -> None:
         self.expired_at = now
+        with contextlib.suppress(Exception):
+            faulthandler.cancel_dump_traceback_later()   # this thread can still report: no C-level dump
         frame = main_thread_frame()
         stack = format_stack(frame)
         waiting = "waiting in communication" if state["waiting"] else "not in communication"
