@@ -1,4 +1,4 @@
-"""Command line of the framework: ``hpcgpu {info,jobscript}`` (also ``python -m hpcgpu ...``)."""
+"""Command line of the framework: ``hpcgpu {info,check,jobscript}`` (also ``python -m hpcgpu ...``)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,16 @@ def main(argv=None) -> int:
     from hpcgpu.info import add_arguments as add_topology_arguments   # needs no MPI (--help works without one)
 
     add_topology_arguments(info)
+    check = commands.add_parser(
+        "check",
+        help="health check of the job's nodes on every rank: GPUs (NVML), bandwidths, versions, clocks, "
+             "free space; exit 0 healthy, 3 warnings, 4 failed",
+        description="Check every node of this job before it runs (docs/health.md). Run under srun/mpiexec: "
+                    "one table per node, one verdict line.",
+    )
+    from hpcgpu.health.check import add_arguments as add_check_arguments   # needs no MPI
+
+    add_check_arguments(check)
     commands.add_parser(
         "jobscript", add_help=False,
         help="write a Slurm script for an app (one rank per GPU), or list / copy the shipped templates "
@@ -40,6 +50,10 @@ def main(argv=None) -> int:
         from hpcgpu.info import main as info_main
 
         return info_main(args)
+    if args.command == "check":
+        from hpcgpu.health.check import main as check_main
+
+        return check_main(args)
     return 1
 
 

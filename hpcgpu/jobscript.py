@@ -184,7 +184,9 @@ def render(options, app_args: list[str], command_line: str) -> str:
         lines += [f"# apps.{app} on {options.nodes} node(s) x {gpus} GPU(s), one MPI rank per GPU. Every rank sees",
                   "# its node's GPUs and hpcgpu picks GPU local_rank % G (CUDA IPC between ranks works); common.sh",
                   "# starts one rank per GPU that Slurm gave (SLURM_GPUS_ON_NODE)."]
-    lines += ["# The log goes to --output below, relative to the directory you submit from; run directories to",
+    lines += ["# common.sh runs `hpcgpu check` on every rank before the app; a failing or hung node is left out of a",
+              "# follow-up job that continues from the newest checkpoint (docs/health.md; HPCGPU_CHECK=0: no check).",
+              "# The log goes to --output below, relative to the directory you submit from; run directories to",
               "# runs/<job-name>-<job-id>/ (HPCGPU_RUNS_DIR). Submit: sbatch THIS-FILE. Knobs: docs/jobscripts.md",
               f"#SBATCH --job-name={name}",
               f"#SBATCH --output={options.log}",

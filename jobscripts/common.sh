@@ -9,6 +9,10 @@
 #                                          stopped with a checkpoint (exit 75), so a chain of runs
 #                                          finishes one long simulation
 #   hpcgpu_sweep_value VALUE...            (before either) the VALUE of this job-array task
+# Both run `hpcgpu check` on every rank first (HPCGPU_CHECK=1): a failing node is not used; the job
+# resubmits itself without it (sbatch --exclude, same run directory, continuing from the newest
+# checkpoint), and so does a run that the watchdog ended because a rank hung (exit 76, hang.json).
+# docs/health.md has the details.
 # Every knob is an environment variable with a default; docs/jobscripts.md has them in one table.
 # Export a knob before `sbatch` (sbatch passes the submitting environment by default) or with
 # `sbatch --export=ALL,KNOB=value`.
@@ -33,6 +37,15 @@ HPCGPU_BIND=${HPCGPU_BIND:-topology}         # topology: each rank bound as the 
 HPCGPU_APP_ARGS=${HPCGPU_APP_ARGS:-}         # appended to the app's flags (the last value of a flag wins)
 HPCGPU_MAX_RESTARTS=${HPCGPU_MAX_RESTARTS:-20}
 HPCGPU_SIGNAL_GRACE=${HPCGPU_SIGNAL_GRACE:-60}
+HPCGPU_CHECK=${HPCGPU_CHECK:-1}              # 0: no `hpcgpu check` before the app
+HPCGPU_CHECK_FLAGS=${HPCGPU_CHECK_FLAGS:-}   # e.g. "--need 40G --min-link-gbps 20" (hpcgpu check --help)
+HPCGPU_MOVE_ON=${HPCGPU_MOVE_ON:-1}          # 0: a failing check or a hang ends the job; no follow-up job
+HPCGPU_EXCLUDE_BAD_NODES=${HPCGPU_EXCLUDE_BAD_NODES:-1}   # 0: the follow-up may use the same nodes again
+HPCGPU_EXCLUDE=${HPCGPU_EXCLUDE:-}           # nodes excluded so far (comma-separated; follow-ups extend it)
+HPCGPU_MIN_NODES=${HPCGPU_MIN_NODES:-}       # a follow-up may start on this many nodes or more (default: as many)
+HPCGPU_FOLLOWUP_SBATCH=${HPCGPU_FOLLOWUP_SBATCH:-}   # extra sbatch flags of follow-up jobs
+HPCGPU_MAX_FOLLOWUPS=${HPCGPU_MAX_FOLLOWUPS:-3}
+HPCGPU_FOLLOWUP=${HPCGPU_FOLLOWUP:-0}        # set by the job script itself: how many follow-ups came before
 
 if [ -n "${HPCGPU_ROOT:-}" ] && [ ! -f "$HPCGPU_ROOT/hpcgpu/__init__.py" ]; then
     echo "[hpcgpu-job] ERROR: HPCGPU_ROOT=$HPCGPU_ROOT is not an hpcgpu checkout (no hpcgpu/__init__.py);" \
@@ -156,6 +169,10 @@ _hpcgpu_prepare() {
     HPCGPU_RUN_DIR=$(hpcgpu_run_dir "${1#apps.}")
     mkdir -p "$HPCGPU_RUN_DIR" || { echo "[hpcgpu-job] ERROR: cannot create $HPCGPU_RUN_DIR" >&2; exit 2; }
     export HPCGPU_RUN_DIR
+    # The script as submitted, for a follow-up job (Slurm's copy of it goes away with the job).
+    if [ -n "${SLURM_JOB_ID:-}" ] && [ -f "$0" ] && [ "$HPCGPU_FOLLOWUP" = 0 ]; then
+        cp "$0" "$HPCGPU_RUN_DIR/job.sbatch" 2>/dev/null || true
+    fi
     hpcgpu_log "job ${SLURM_JOB_ID:-none} (${SLURM_JOB_NAME:-no Slurm}) run $(( ${SLURM_RESTART_COUNT:-0} + 1 ))" \
                "SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0} on ${SLURM_JOB_NODELIST:-$(hostname)} at $(date -Is)"
     if [ -n "${SLURM_JOB_ID:-}" ]; then
@@ -218,9 +235,88 @@ _hpcgpu_binding() {
     fi
 }
 
+# ---------------------------------------------------------------- health: check first, move on
+# `hpcgpu check` on every rank (GPUs through NVML, links, versions, clocks, free space where the
+# checkpoints go); report in the log and check.txt / check.json. Returns 0 when the app may start (healthy
+# or warnings only, or the check itself could not run), else the check's exit code (4: a node failed).
+_hpcgpu_check() {
+    [ "$HPCGPU_CHECK" = 1 ] || { hpcgpu_log "health check: skipped (HPCGPU_CHECK=$HPCGPU_CHECK)"; return 0; }
+    local flags rc
+    read -r -a flags <<< "$HPCGPU_CHECK_FLAGS"
+    rm -f "$HPCGPU_RUN_DIR/exclude.txt"
+    hpcgpu_log "health check: ${HPCGPU_LAUNCH[*]} $HPCGPU_PYTHON -m hpcgpu check --checkpoint-dir" \
+               "$HPCGPU_RUN_DIR/checkpoints ${flags[*]}"
+    "${HPCGPU_LAUNCH[@]}" "$HPCGPU_PYTHON" -m hpcgpu check --checkpoint-dir "$HPCGPU_RUN_DIR/checkpoints" \
+        --json "$HPCGPU_RUN_DIR/check.json" --exclude-file "$HPCGPU_RUN_DIR/exclude.txt" "${flags[@]}" \
+        > "$HPCGPU_RUN_DIR/check.txt" 2>&1
+    rc=$?
+    cat "$HPCGPU_RUN_DIR/check.txt"
+    case $rc in
+        0|3) return 0 ;;
+        4) hpcgpu_log "health check failed (exit 4): not starting the app"; return 4 ;;
+        *) hpcgpu_log "WARNING: hpcgpu check exited with $rc (see above); starting the app anyway"; return 0 ;;
+    esac
+}
+
+# The nodes to leave out after a failed check or a hang: from exclude.txt (the check) or hang.json (the
+# watchdog's verdict), comma-separated; empty when the problem is not tied to a node.
+_hpcgpu_bad_nodes() {
+    if [ "$1" = check ]; then
+        tr -d ' \n' < "$HPCGPU_RUN_DIR/exclude.txt" 2>/dev/null
+    elif [ -f "$HPCGPU_RUN_DIR/hang.json" ]; then
+        "$HPCGPU_PYTHON" -c 'import json, sys; print(",".join(json.load(open(sys.argv[1]))["exclude_nodes"]))' \
+            "$HPCGPU_RUN_DIR/hang.json" 2>/dev/null
+    fi
+}
+
+# _hpcgpu_move_on check|hang: submit a follow-up job without the bad nodes, in the same run directory,
+# continuing from the newest checkpoint there; it starts when this job has ended (afterany). Returns 0
+# when one was submitted.
+_hpcgpu_move_on() {
+    local why=$1 bad exclude nodes min script id
+    [ "$HPCGPU_MOVE_ON" = 1 ] && [ -n "${SLURM_JOB_ID:-}" ] || return 1
+    bad=$(_hpcgpu_bad_nodes "$why")
+    if [ -z "$bad" ] && [ "$why" = check ]; then
+        hpcgpu_log "the failure is not tied to a node (see the report): no follow-up job"
+        return 1
+    fi
+    if [ "$HPCGPU_FOLLOWUP" -ge "$HPCGPU_MAX_FOLLOWUPS" ]; then
+        hpcgpu_log "not moving on: already $HPCGPU_FOLLOWUP follow-up job(s) (HPCGPU_MAX_FOLLOWUPS)"
+        return 1
+    fi
+    script="$HPCGPU_RUN_DIR/job.sbatch"
+    [ -f "$script" ] || { hpcgpu_log "no copy of the job script at $script: cannot resubmit"; return 1; }
+    exclude=$HPCGPU_EXCLUDE
+    if [ "$HPCGPU_EXCLUDE_BAD_NODES" = 1 ] && [ -n "$bad" ]; then
+        exclude=${exclude:+$exclude,}$bad
+    fi
+    nodes=${SLURM_JOB_NUM_NODES:-1}
+    min=${HPCGPU_MIN_NODES:-$nodes}
+    [ "$min" -le "$nodes" ] || min=$nodes
+    local sbatch_flags=(--parsable "--dependency=afterany:$SLURM_JOB_ID" "--nodes=$min-$nodes")
+    [ -n "$exclude" ] && sbatch_flags+=("--exclude=$exclude")
+    local extra
+    read -r -a extra <<< "$HPCGPU_FOLLOWUP_SBATCH"
+    # A fresh environment for sbatch: this job's SLURM_* variables would leak into the next one, and a
+    # test-only hang switch must not follow it.
+    id=$(cd "${SLURM_SUBMIT_DIR:-$PWD}" && env $(compgen -e | grep -E '^(SLURM_|SBATCH_|SRUN_)' | sed 's/^/-u /') \
+         -u HPCGPU_WATCHDOG_TEST HPCGPU_RUN_DIR="$HPCGPU_RUN_DIR" HPCGPU_EXCLUDE="$exclude" \
+         HPCGPU_FOLLOWUP=$(( HPCGPU_FOLLOWUP + 1 )) sbatch "${sbatch_flags[@]}" "${extra[@]}" \
+         "--job-name=${SLURM_JOB_NAME:-hpcgpu}" "$script" 2>&1)
+    if [ $? -ne 0 ]; then
+        hpcgpu_log "could not submit a follow-up job (sbatch ${sbatch_flags[*]:1} ${extra[*]}): $id"
+        return 1
+    fi
+    hpcgpu_log "moving on ($why): bad node(s) ${bad:-none named}; follow-up job ${id%%;*} submitted" \
+               "(${sbatch_flags[*]:1} ${extra[*]}), continuing in $HPCGPU_RUN_DIR from the newest checkpoint"
+    echo "${id%%;*}" > "$HPCGPU_RUN_DIR/followup-job.txt"
+    return 0
+}
+
 _hpcgpu_report_exit() {
     case $1 in
         0) hpcgpu_log "finished: exit 0; summary $HPCGPU_RUN_DIR/summary.json" ;;
+        76) hpcgpu_log "a rank hung (exit 76): the watchdog's verdict is in $HPCGPU_RUN_DIR/hang.json" ;;
         75) hpcgpu_log "stopped early with a checkpoint (exit 75) in $HPCGPU_RUN_DIR/checkpoints:" \
                        "continue with the preemptible script or --restart latest" ;;
         2) hpcgpu_log "invalid input (exit 2): see the app's message above" ;;
@@ -234,12 +330,24 @@ hpcgpu_run() {
     shift
     _hpcgpu_prepare "$app"
     _hpcgpu_info
+    _hpcgpu_check
+    rc=$?
+    if [ $rc -ne 0 ]; then
+        _hpcgpu_move_on check && exit 0
+        exit $rc
+    fi
     read -r -a extra <<< "$HPCGPU_APP_ARGS"
     set -- --output "$HPCGPU_RUN_DIR" --summary "$HPCGPU_RUN_DIR/summary.json" "$@" "${extra[@]}"
+    if [ "$HPCGPU_FOLLOWUP" != 0 ] && compgen -G "$HPCGPU_RUN_DIR/checkpoints/ckpt_*[0-9]" >/dev/null; then
+        set -- --restart latest "$@"   # a follow-up job continues where the one before it stopped
+    fi
+    rm -f "$HPCGPU_RUN_DIR/hang.json"
     hpcgpu_log "launch: ${HPCGPU_LAUNCH[*]}${HPCGPU_RANK_WRAPPER:+ [bind wrapper]} $HPCGPU_PYTHON -m $app $*"
     "${HPCGPU_LAUNCH[@]}" "${HPCGPU_RANK_WRAPPER[@]}" "$HPCGPU_PYTHON" -m "$app" "$@"
     rc=$?
+    [ -f "$HPCGPU_RUN_DIR/hang.json" ] && rc=76   # the launcher may report the signal that ended the ranks
     _hpcgpu_report_exit $rc
+    [ $rc -eq 76 ] && _hpcgpu_move_on hang && exit 0
     exit $rc
 }
 
@@ -290,6 +398,13 @@ hpcgpu_run_preemptible() {
     trap _hpcgpu_on_term TERM
     _hpcgpu_prepare "$app"
     _hpcgpu_info
+    _hpcgpu_check
+    rc=$?
+    if [ $rc -ne 0 ]; then
+        _hpcgpu_move_on check && exit 0
+        exit $rc
+    fi
+    rm -f "$HPCGPU_RUN_DIR/hang.json"
     read -r -a extra <<< "$HPCGPU_APP_ARGS"
     set -- --output "$HPCGPU_RUN_DIR" --summary "$HPCGPU_RUN_DIR/summary.json" \
         --checkpoint-dir "$HPCGPU_RUN_DIR/checkpoints" "$@" "${extra[@]}"
@@ -321,8 +436,10 @@ hpcgpu_run_preemptible() {
         done
         wait "$_hpcgpu_launcher_pid"
         rc=$?
+        [ -f "$HPCGPU_RUN_DIR/hang.json" ] && rc=76   # the launcher may report the signal that ended the ranks
     fi
     _hpcgpu_report_exit $rc
+    [ $rc -eq 76 ] && _hpcgpu_move_on hang && exit 0
     if [ $rc -eq 75 ] && [ -n "${SLURM_JOB_ID:-}" ] && [ "$_hpcgpu_got_term" = 0 ]; then
         if [ "$restart_count" -ge "$HPCGPU_MAX_RESTARTS" ]; then
             hpcgpu_log "not requeueing: already restarted $restart_count times (HPCGPU_MAX_RESTARTS)"

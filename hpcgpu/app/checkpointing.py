@@ -44,8 +44,9 @@ RESTART_INDEPENDENT_OPTIONS = frozenset({
     # checkpointing itself
     "checkpoint_every", "checkpoint_dir", "restart", "keep", "async_checkpoint", "wall_time_limit",
     "share_checkpoint_dir",
-    # monitoring and profiling
-    "monitor", "monitor_interval", "profile",
+    # monitoring and profiling; hang and straggler detection (hpcgpu.health.options.OPTION_NAMES)
+    "monitor", "monitor_interval", "profile", "watchdog", "watchdog_startup", "watchdog_step", "watchdog_checkpoint",
+    "watchdog_factor", "straggler_every", "straggler_margin", "straggler_windows",
     # decomposition, transport and performance tuning (checkpoints restart on any rank count)
     "dims", "graph", "nccl_channels", "no_overlap", "peer_halo", "exchange", "resident", "allreduce",
     "bucket_mb", "zero", "recompute", "blas_threads", "rebuild_every", "check_interval", "no_check", "sort_every",

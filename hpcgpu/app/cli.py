@@ -16,6 +16,7 @@ from pathlib import Path
 
 import hpcgpu
 from hpcgpu.errors import ConfigurationError
+from hpcgpu.health.options import add_watchdog_arguments
 from hpcgpu.transport.selection import TRANSPORTS
 
 EPILOG_COMMON = """\
@@ -209,6 +210,7 @@ def common_parser(prog: str, description: str, rank: int = 0, default_steps: int
     ckpt.add_argument("--wall-time-limit", metavar="SECONDS", type=positive_float, default=None,
                       help="checkpoint and stop cleanly before this many seconds have passed "
                            "(default: the Slurm job's limit when there is one)")
+    add_watchdog_arguments(parser)   # --no-watchdog, --watchdog-step ..., --straggler-every ...
     return parser
 
 

@@ -26,6 +26,7 @@ from hpcgpu.app.summary import make_summary, write_json
 from hpcgpu.app.timers import PhaseTimers, format_timers
 from hpcgpu.checkpoint import EXIT_REQUEUE
 from hpcgpu.errors import ConfigurationError
+from hpcgpu.health.run_health import RunHealth
 from hpcgpu.monitor import GpuMonitor
 from hpcgpu.runtime.fault_injection import maybe_fail
 from hpcgpu.simulation.operations import Checkpoint, ModelOutput, NanCheck, ProgressReport, check_finite
@@ -209,6 +210,7 @@ class Simulation:
         self._due = [None] * len(self.operations)   # each operation's next step (its trigger's next_step)
         self.restarted = False
         self.first_step = 0
+        self.health = None   # the watchdog and straggler detector (hpcgpu.health), made by run()
 
     # ------------------------------------------------------------------ pieces the operations use
     def check_finite(self) -> None:
@@ -255,6 +257,9 @@ class Simulation:
         monitor = None
         try:
             monitor = GpuMonitor.from_options(comm, arch, options)  # --monitor: NVML sampling thread
+            # Collective: the hang watchdog (phase start-up from here on) and the straggler detector.
+            self.health = RunHealth.from_options(comm, arch, options, self.output, loud=not options.quiet,
+                                                 checkpoint_types=(Checkpoint,))
             version = model.version
             self._print(f"{self.app} {version} (hpcgpu {hpcgpu.__version__}): {model.describe()}" if version
                         else f"{self.app} {hpcgpu.__version__}: {model.describe()}")
@@ -284,6 +289,8 @@ class Simulation:
                 self._end_on_stop()
             if monitor is not None:
                 monitor.stop()
+            if self.health is not None:
+                self.health.stop(error)
             model.close()
             raise
         finally:
@@ -291,6 +298,7 @@ class Simulation:
                 self.control.close()   # after an error too: no writer thread or signal handler left
         try:
             monitor_extra = monitor.finish(comm)  # collective; {} without --monitor
+            monitor_extra.update(self.health.finish())   # collective: {"health": {watchdog, stragglers}}
             return self._report(wall, monitor, monitor_extra)
         finally:
             model.close()
@@ -314,14 +322,16 @@ class Simulation:
             self._advance(graphs)
             step = model.step_index
             maybe_fail("step", comm.rank, step)
+            self.health.step_done(step, timers)   # watchdog mark; every N steps the straggler comparison
             for index, next_step in enumerate(due):
                 # An operation acts at the step its trigger names (the windows end there when it has
                 # exact_steps), the others at the first step the loop reaches from there.
                 if next_step is not None and next_step <= step:
-                    operations[index].act(self)
+                    self.health.act(operations[index], self)   # checkpoints in the watchdog's checkpoint phase
                     due[index] = operations[index].trigger.next_step(step, final)
         finishing = time.perf_counter()
-        self.control.finish(model.step_index, model.checkpoint_state)   # the end of a run is a checkpoint too
+        with self.health.phase("checkpoint"):
+            self.control.finish(model.step_index, model.checkpoint_state)   # the end of a run is a checkpoint too
         timers.add("io", time.perf_counter() - finishing)
         model.settle(timers)
         arch.synchronize()

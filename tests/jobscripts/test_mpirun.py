@@ -78,8 +78,9 @@ def test_mpich_script_runs_two_bound_ranks_each_with_its_own_gpu(tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "-n 2 -ppn 2 -bind-to core:1" in output
-    for rank in (0, 1):   # once for hpcgpu info, once for the app
-        assert output.count(f"local rank {rank} (MPI_LOCALRANKID) -> CUDA_VISIBLE_DEVICES={rank}") == 2, output
+    for rank in (0, 1):   # once each for hpcgpu info, hpcgpu check and the app
+        assert output.count(f"local rank {rank} (MPI_LOCALRANKID) -> CUDA_VISIBLE_DEVICES={rank}") == 3, output
+    assert "hpcgpu check: HEALTHY" in output
     run_dir = run_dir_of(output, tmp_path)
     info = (run_dir / "info.txt").read_text()
     assert "ranks: 2 on 1 node(s)" in info
