@@ -9,6 +9,7 @@ its records, and after the restart all of them.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -111,9 +112,10 @@ class KillResult:
 
 
 def kill_and_restart(scenario: Scenario, out: Path, reference: dict, delay: float, target="all",
-                     after_records: int = 0, log: Path | None = None) -> KillResult:
+                     after_records: int = 0, log: Path | None = None, sig=signal.SIGKILL) -> KillResult:
     """Start the scenario, kill ``target`` ranks ``delay`` s after its file counts ``after_records``
-    records (0: after the ranks have started), check the file, restart, compare with ``reference``."""
+    records (0: after the ranks have started), check the file, restart, compare with ``reference``.
+    ``sig``: SIGKILL (default), or SIGTERM/SIGUSR1 (a stop request: checkpoint, exit 75)."""
     job = faults.start_job(scenario.n_ranks, scenario.command(out), env=scenario.environment(), cwd=str(ROOT),
                            log=log)
     faults.wait_for_ranks(job, scenario.n_ranks)
@@ -123,8 +125,8 @@ def kill_and_restart(scenario: Scenario, out: Path, reference: dict, delay: floa
                 and time.monotonic() < deadline:
             time.sleep(0.005)
     time.sleep(delay)
-    faults.kill_ranks(job, target)
-    faults.finish(job)
+    faults.kill_ranks(job, target, sig)
+    stopped = faults.finish(job)
     count, readable, prefix, detail = None, True, True, ""
     if (out / scenario.file).exists():
         try:
@@ -145,6 +147,9 @@ def kill_and_restart(scenario: Scenario, out: Path, reference: dict, delay: floa
                          and faults.is_prefix(final, reference, scenario.records))
         if not restart_equal:
             detail += " the restarted file differs from the uninterrupted run's"
+    if sig != signal.SIGKILL and stopped not in (75, 0):
+        detail += f" the stop request ended the job with exit {stopped}, not 75"
+        readable = False
     return KillResult(scenario.name, str(target), delay, count, readable, prefix, restart_equal, detail.strip())
 
 

@@ -9,6 +9,7 @@ or just after the file counted a given record (while records are being written).
 from __future__ import annotations
 
 import random
+import signal
 
 import pytest
 
@@ -16,12 +17,14 @@ from tests.faults.scenarios import SCENARIOS, kill_and_restart, reference_conten
 
 pytestmark = pytest.mark.slow
 
-CASES = [  # (scenario, seed, target ranks, kill after this many records are counted: 0 = any time)
-    ("stencil-channel", 1, "all", 0),
-    ("stencil-channel", 2, 0, 6),
-    ("stencil-latlon", 3, 1, 3),
-    ("md-h5md", 4, "all", 0),
-    ("user-model", 5, 0, 5),
+CASES = [  # (scenario, seed, target ranks, kill after this many records are counted: 0 = any time, signal)
+    ("stencil-channel", 1, "all", 0, signal.SIGKILL),
+    ("stencil-channel", 2, 0, 6, signal.SIGKILL),
+    ("stencil-latlon", 3, 1, 3, signal.SIGKILL),
+    ("md-h5md", 4, "all", 0, signal.SIGKILL),
+    ("user-model", 5, 0, 5, signal.SIGKILL),
+    ("stencil-channel", 6, "all", 4, signal.SIGTERM),   # a stop request: checkpoint, exit 75, requeue
+    ("user-model", 7, "all", 3, signal.SIGUSR1),
 ]
 
 
@@ -36,12 +39,13 @@ def references(tmp_path_factory):
     return reference
 
 
-@pytest.mark.parametrize("name,seed,target,after_records", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+@pytest.mark.parametrize("name,seed,target,after_records,sig", CASES,
+                         ids=[f"{c[0]}-{c[1]}-{c[4].name}" for c in CASES])
 def test_a_killed_job_loses_no_earlier_record_and_its_restart_equals_the_uninterrupted_run(
-        tmp_path, references, name, seed, target, after_records):
+        tmp_path, references, name, seed, target, after_records, sig):
     delay = random.Random(seed).uniform(0.0, 0.3) if after_records else random.Random(seed).uniform(0.5, 2.5)
     result = kill_and_restart(SCENARIOS[name], tmp_path, references(name), delay, target, after_records,
-                              log=tmp_path / "killed.log")
+                              log=tmp_path / "killed.log", sig=sig)
     assert result.readable, result.detail
     assert result.prefix_equal, result.detail
     assert result.restart_equal, result.detail
