@@ -6,7 +6,7 @@
 - :mod:`hpcgpu.simulation.operations` -- NaN check, model output, progress, checkpoints
 - :mod:`hpcgpu.simulation.driver`     -- :class:`Simulation`, the one run loop
 
-See ``docs/architecture.md`` for the loop order and an example app.
+See ``docs/architecture.md`` for the loop order and ``docs/user-guide.md`` for a model built step by step.
 """
 
 from hpcgpu.simulation.driver import Simulation, nccl_channel_limit, setup_architecture, use_graphs

@@ -96,7 +96,11 @@ class Model:
         raise NotImplementedError
 
     def checkpoint_state(self) -> dict:
-        """What a checkpoint holds: ``{"fields", "particles", "replicated", "metadata"}`` (any subset)."""
+        """What a checkpoint holds: ``{"fields", "particles", "replicated", "metadata", "units"}`` (any subset).
+
+        ``units`` maps names of particle arrays and replicated values to unit strings, stored as
+        ``units`` attributes (:meth:`hpcgpu.checkpoint.CheckpointManager.save`).
+        """
         raise NotImplementedError
 
     def load_checkpoint(self, control) -> int | None:

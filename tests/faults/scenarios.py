@@ -60,20 +60,20 @@ _CHAIN = ["--restart", "latest", "--quiet", "--output", "{out}", "--checkpoint-d
 
 SCENARIOS = {
     "stencil-channel": Scenario(
-        "stencil-channel", ["-m", "apps.stencil", "--nx", "96", "--ny", "48", "--steps", "1200", "--snapshot-every",
+        "stencil-channel", ["-m", "apps.stencil", "--nx", "96", "--ny", "48", "--steps", "600", "--snapshot-every",
                             "10", "--checkpoint-every", "100", "--no-plot", *_CHAIN],
         "swe.nc", "netcdf", ["time", "h", "u", "v", "zeta"]),
     "stencil-latlon": Scenario(
-        "stencil-latlon", ["-m", "apps.stencil", "--grid", "latlon", "--nx", "48", "--ny", "24", "--steps", "600",
+        "stencil-latlon", ["-m", "apps.stencil", "--grid", "latlon", "--nx", "48", "--ny", "24", "--steps", "400",
                            "--snapshot-every", "10", "--checkpoint-every", "100", "--no-plot", *_CHAIN],
         "latlon.nc", "netcdf", ["time", "h", "u", "v", "zeta"]),
     "md-h5md": Scenario(
-        "md-h5md", ["-m", "apps.md", "--cells", "4", "--backend", "numpy", "--thermostat", "langevin", "--steps", "400",
+        "md-h5md", ["-m", "apps.md", "--cells", "4", "--backend", "numpy", "--thermostat", "langevin", "--steps", "300",
                     "--dump-every", "5", "--checkpoint-every", "50", "--no-plot", *_CHAIN],
         "trajectory.h5md", "h5md", ["particles/all/position/value", "particles/all/velocity/value",
                                     "particles/all/position/step", "observables/total_energy/value"]),
     "user-model": Scenario(
-        "user-model", ["examples/gray_scott.py", "--n", "64", "--steps", "1500", "--output-every", "10",
+        "user-model", ["examples/gray_scott.py", "--n", "64", "--steps", "800", "--output-every", "10",
                        "--checkpoint-every", "100", *_CHAIN],
         "gray_scott.nc", "netcdf", ["step", "u", "v"]),
 }
