@@ -1,4 +1,4 @@
-"""Williamson case 2 convergence at day 5 and the case-6 drift of the latlon model (issue 9).
+"""Williamson case 2 convergence at day 5 and the case-6 drift of the latlon model.
 
 Case 2 (steady zonal geostrophic flow; the initial h is exact at all times) for alpha = 0 and a tilted
 alpha at three resolutions: the normalised l1, l2, linf errors of h (Williamson et al. 1992, eq. 82-84,

@@ -320,6 +320,9 @@ _hpcgpu_report_exit() {
         75) hpcgpu_log "stopped early with a checkpoint (exit 75) in $HPCGPU_RUN_DIR/checkpoints:" \
                        "continue with the preemptible script or --restart latest" ;;
         2) hpcgpu_log "invalid input (exit 2): see the app's message above" ;;
+        74) hpcgpu_log "a file could not be written (exit 74: full disk, quota or I/O error): see the app's" \
+                       "message above; earlier records and the last checkpoint are intact, free space and" \
+                       "continue with --restart latest" ;;
         *) hpcgpu_log "failed: exit $1" ;;
     esac
 }

@@ -113,7 +113,7 @@ def test_rossby_haurwitz_drift_converges_to_the_spectral_reference():
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "issue 9 asks for the case-6 drift within 5% of the 'analytic' (nondivergent Haurwitz) speed; at Earth's g "
+    "the goal asks for the case-6 drift within 5% of the 'analytic' (nondivergent Haurwitz) speed; at Earth's g "
     "the scheme converges to about 0.92 of it (0.9445, 0.9297, 0.9249 at 64x32, 128x64, 256x128). The test "
     "above shows the deficit vanishes as gH -> infinity, i.e. it is the shallow-water wave's divergence, and an "
     "independent spectral model gives 0.923 (docs/sphere_spectral_reference.md): no correct shallow-water "
