@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcgpu.checkpoint.filesystem import fsync_path
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.runtime.fault_injection import maybe_fail
 
@@ -338,7 +339,7 @@ class RecordFile:
         finally:
             temporary.unlink(missing_ok=True)
         if durable:
-            _sync_directory(path.parent)
+            fsync_path(path.parent)
         return cls(path, schema, layout, 0, durable)
 
     @classmethod
@@ -438,16 +439,3 @@ def _write_all(fd: int, data: bytes, offset: int) -> None:
     while view:
         written = os.pwrite(fd, view, offset)
         view, offset = view[written:], offset + written
-
-
-def _sync_directory(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -24,17 +24,9 @@ import os
 import shutil
 from pathlib import Path
 
+from hpcgpu.checkpoint.filesystem import fsync_path
 from hpcgpu.output.errors import failure_errno, is_storage_failure, quiet_hdf5_teardown
-from hpcgpu.output.netcdf_classic import _sync_directory
 from hpcgpu.runtime.fault_injection import maybe_fail
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class TwinFile:
@@ -69,7 +61,7 @@ class TwinFile:
             temporary.unlink(missing_ok=True)
             define_fn(temporary)
             if durable:
-                _fsync_path(temporary)
+                fsync_path(temporary)
             os.link(temporary, twin_file.path)
         finally:
             temporary.unlink(missing_ok=True)
@@ -90,7 +82,7 @@ class TwinFile:
         copy = self.twin.with_name(self.twin.name + ".copy")
         shutil.copyfile(self.path, copy)
         if self.durable:
-            _fsync_path(copy)
+            fsync_path(copy)
         os.replace(copy, self.twin)
 
     # ------------------------------------------------------------------ changing the file
@@ -110,15 +102,15 @@ class TwinFile:
         maybe_fail("write", 0)   # the writer is rank 0
         self._change(change_fn, self.twin)         # 1. PATH untouched
         if self.durable:
-            _fsync_path(self.twin)
+            fsync_path(self.twin)
         self.spare.unlink(missing_ok=True)
         os.link(self.path, self.spare)             # 2. keep PATH's inode reachable
         os.replace(self.twin, self.path)           # 3. readers now see the new record
         if self.durable:
-            _sync_directory(self.path.parent)
+            fsync_path(self.path.parent)
         self._change(change_fn, self.spare)        # 4. the old inode catches up and becomes the twin
         if self.durable:
-            _fsync_path(self.spare)
+            fsync_path(self.spare)
         os.replace(self.spare, self.twin)
 
     @staticmethod
