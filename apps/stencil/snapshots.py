@@ -91,7 +91,6 @@ class SnapshotFile:
         if problem is not None:
             self.close()
             raise ConfigurationError(problem)
-        self.writing = True
 
     @property
     def count(self) -> int:
