@@ -1,10 +1,10 @@
 """Append-only netCDF files that a hard kill cannot corrupt (netCDF classic, 64-bit offset format).
 
-Every netCDF reader (netCDF-C and so netCDF4-python, xarray, CDO, NCO, ncview, the CF checker) reads
-the classic formats. Their layout makes appending crash-safe without a journal: a header, the
-fixed-size variables, then one *record* after another, each record holding one time slice of every
-record variable; the header's record count ``numrecs`` (4 bytes at offset 4) says how many records a
-reader sees. A record is appended in this order::
+Every netCDF reader reads the classic formats (netCDF-C, and so netCDF4-python and the tools built on
+it; the tests open our files with netCDF4, xarray and the CF checker). Their layout makes appending
+crash-safe without a journal: a header, the fixed-size variables, then one *record* after another,
+each record holding one time slice of every record variable; the header's record count ``numrecs``
+(4 bytes at offset 4) says how many records a reader sees. A record is appended in this order::
 
     1. write the record's bytes after the last counted record       (the count still excludes it)
     2. fdatasync                                                    (the bytes are on the disk)
