@@ -9,49 +9,17 @@ per-atom terms: independent of the order of atoms and of the number of ranks. Wh
 decomposition-dependent is only the per-atom terms themselves (the force on an atom is summed over its
 neighbours in an order that depends on the local cell binning), which differ in the last bits.
 
-Cost: O(n_local) on the host (Numba) plus one small allgather, paid on thermo steps only.
+Cost: O(n_local) on the host (Numba, :func:`hpcgpu.reductions.exact_partials`) plus one small allgather,
+paid on thermo steps only.
 """
 
 from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 
-#: More partials than float64 can ever need (the exponent range bounds their number).
-_MAX_PARTIALS = 2200
-
-
-@numba.njit(cache=True)
-def _partials_cpu(values, partials):
-    n_partials = 0
-    for index in range(values.shape[0]):
-        x = values[index]
-        kept = 0
-        for k in range(n_partials):
-            y = partials[k]
-            if abs(x) < abs(y):
-                x, y = y, x
-            high = x + y
-            low = y - (high - x)
-            if low != 0.0:
-                partials[kept] = low
-                kept += 1
-            x = high
-        partials[kept] = x
-        n_partials = kept + 1
-    return n_partials
-
-
-def exact_partials(values) -> np.ndarray:
-    """Non-overlapping float64 partials whose exact sum is the exact sum of ``values`` (1-D, host)."""
-    values = np.ascontiguousarray(values, dtype=np.float64).ravel()
-    if not np.all(np.isfinite(values)):
-        return np.array([values.sum()])   # NaN / Inf: nothing exact to preserve
-    partials = np.empty(_MAX_PARTIALS, dtype=np.float64)
-    n_partials = _partials_cpu(values, partials)
-    return partials[:n_partials].copy()
+from hpcgpu.reductions import exact_partials
 
 
 def global_sums(comm, columns) -> list[float]:
