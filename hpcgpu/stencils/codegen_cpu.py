@@ -117,17 +117,13 @@ class _PythonPrinter:
             return f"field_{node.field}[{self.index(self.field_halos[node.field], node.offsets)}]"
         if isinstance(node, Negate):
             return f"(-{self.expression(node.operand)})"
-        if isinstance(node, Binary):
+        if isinstance(node, (Binary, Compare, Logic)):   # Python spells all three the same way
             return f"({self.expression(node.left)} {node.op} {self.expression(node.right)})"
         if isinstance(node, Call):
             return f"{_MATH[node.function]}({self.expression(node.argument)})"
         if isinstance(node, Select):
             return (f"({self.expression(node.if_true)} if {self.expression(node.condition)} "
                     f"else {self.expression(node.if_false)})")
-        if isinstance(node, Compare):
-            return f"({self.expression(node.left)} {node.op} {self.expression(node.right)})"
-        if isinstance(node, Logic):
-            return f"({self.expression(node.left)} {node.op} {self.expression(node.right)})"
         if isinstance(node, Not):
             return f"(not {self.expression(node.operand)})"
         raise TypeError(f"unknown stencil node {node!r}")   # parse() produces none: a bug here

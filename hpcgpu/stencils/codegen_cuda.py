@@ -158,7 +158,7 @@ class _CudaPrinter:
             return f"field_{node.field}[{base}]" if offset == 0 else f"field_{node.field}[{base} + ({offset}LL)]"
         if isinstance(node, Negate):
             return f"(-{self.expression(node.operand)})"
-        if isinstance(node, Binary):
+        if isinstance(node, (Binary, Compare)):
             return f"({self.expression(node.left)} {node.op} {self.expression(node.right)})"
         if isinstance(node, Call):
             suffix = "f" if self.scalar == "float" else ""
@@ -167,8 +167,6 @@ class _CudaPrinter:
         if isinstance(node, Select):
             return (f"({self.expression(node.condition)} ? {self.expression(node.if_true)} "
                     f": {self.expression(node.if_false)})")
-        if isinstance(node, Compare):
-            return f"({self.expression(node.left)} {node.op} {self.expression(node.right)})"
         if isinstance(node, Logic):
             return f"({self.expression(node.left)} {'&&' if node.op == 'and' else '||'} {self.expression(node.right)})"
         if isinstance(node, Not):
