@@ -26,6 +26,9 @@ sys.path.insert(0, str(ROOT))
 
 from hpcgpu.launch import run_mpi  # noqa: E402
 
+#: A small residual MLP: the model that tensor and pipeline parallelism split.
+RESIDUAL = ["--model", "residual-mlp", "--depth", "4", "--width", "128", "--steps", "30"]
+
 CPU_CASES = [
     # (app, arguments, ranks); every case runs with --backend numpy
     ("stencil", ["--steps", "200"], 1),
@@ -44,6 +47,23 @@ CPU_CASES = [
     ("train", ["--steps", "60"], 2),
     ("train", ["--steps", "60", "--zero", "1"], 2),
     ("train", ["--steps", "60", "--precision", "fp64"], 2),
+    # three and four ranks: uneven and two-dimensional decompositions, every parallel training layout
+    ("stencil", ["--steps", "200"], 3),
+    ("stencil", ["--steps", "200"], 4),
+    ("stencil", ["--grid", "latlon", "--steps", "60"], 3),
+    ("stencil", ["--model", "jacobi", "--nx", "1001", "--ny", "777", "--steps", "200"], 3),
+    ("stencil", ["--model", "jacobi", "--nx", "1001", "--ny", "777", "--steps", "200"], 4),
+    ("stencil", ["--model", "heat3d", "--nx", "67", "--ny", "45", "--nz", "33", "--steps", "50"], 4),
+    ("md", ["--steps", "60"], 3),
+    ("md", ["--steps", "60"], 4),
+    ("train", ["--steps", "60"], 3),
+    ("train", ["--steps", "60", "--zero", "1"], 4),
+    ("train", RESIDUAL + ["--tensor-parallel", "2"], 2),
+    ("train", RESIDUAL + ["--tensor-parallel", "2"], 4),
+    ("train", RESIDUAL + ["--pipeline-parallel", "2", "--micro-batches", "4"], 2),
+    ("train", RESIDUAL + ["--pipeline-parallel", "2", "--micro-batches", "4", "--pipeline-schedule", "gpipe"], 2),
+    ("train", RESIDUAL + ["--tensor-parallel", "2", "--pipeline-parallel", "2"], 4),
+    ("train", RESIDUAL + ["--pipeline-parallel", "2", "--zero", "1"], 4),
 ]
 
 
