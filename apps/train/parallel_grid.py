@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from hpcgpu.decomposition_comm import gather_node_of_rank
 from hpcgpu.errors import ConfigurationError
-from hpcgpu.transport.device_collectives import device_collectives
+from hpcgpu.transport import collectives
 from hpcgpu.transport.nccl import nccl_communicator
 from hpcgpu.transport.selection import select_transport, transport_choice
 
@@ -225,7 +225,7 @@ def prepare_device_communication(grid, arch, zero_stage=0):
         for group in (grid.tensor, grid.pipeline) + ((grid.data,) if zero_stage else ()):
             if group.size > 1:
                 nccl_communicator(group)
-    return device_collectives(grid.tensor) if grid.tensor_size > 1 else None
+    return collectives(grid.tensor, on_device=True) if grid.tensor_size > 1 else None
 
 
 def transport_note(grid, arch):

@@ -8,8 +8,8 @@
 * :func:`allreduce_bandwidth` -- the job transport's allreduce, as NCCL's tests report it: bus
   bandwidth = bytes x 2 (n - 1) / n / time.
 
-On the CPU the transport is ``mpi`` with NumPy buffers; on GPUs ``nccl`` moves CuPy arrays (grouped
-send/receive, NCCL allreduce) and the MPI transports move host-staged buffers.
+On the CPU the transport is ``mpi`` with NumPy buffers; on GPUs the job's transport moves CuPy arrays
+(NCCL grouped send/receive and allreduce, or MPI on device pointers or through pinned host memory).
 All functions here are collective over ``comm`` except :func:`device_copy_bandwidth`.
 """
 
@@ -61,57 +61,42 @@ def neighbour_pairs(n_ranks: int) -> list[tuple[int, int, int]]:
     return pairs
 
 
-class _HostBuffers:
-    """NumPy send/receive buffers exchanged with MPI (the ``mpi`` transport, and host-staged ones)."""
+class TransportBuffers:
+    """Send and receive buffers of ``n_bytes`` moved by the job's collectives
+    (:func:`hpcgpu.transport.collectives`): NumPy arrays for ``mpi``, CuPy arrays for the GPU transports
+    (``nccl`` on the stream, ``mpi-cuda`` on device pointers, ``mpi-staged`` through pinned host memory),
+    so a probe times the path the job's data takes. Every call returns once the data has arrived.
+    """
 
-    def __init__(self, comm, n_bytes):
-        self.comm = comm
-        self.send = np.ones(max(1, n_bytes // 8), dtype=np.float64)
-        self.receive = np.empty_like(self.send)
+    def __init__(self, comm, transport: str, n_bytes: int):
+        from hpcgpu.transport import collectives
 
-    def exchange(self, peer: int) -> None:
-        self.comm.mpi.Sendrecv(self.send, dest=peer, recvbuf=self.receive, source=peer)
-
-    def allreduce(self) -> None:
-        self.comm.allreduce(self.send, "sum")
-
-    def synchronize(self) -> None:
-        pass
-
-
-class _NcclBuffers:
-    """CuPy buffers exchanged by NCCL grouped send/receive, reduced by NCCL allreduce."""
-
-    def __init__(self, comm, n_bytes):
-        import cupy
-
-        from hpcgpu.transport.nccl import nccl_communicator
-
-        self.comm, self.cupy = comm, cupy
-        self.nccl = nccl_communicator(comm)
-        self.send = cupy.ones(max(1, n_bytes // 8), dtype=cupy.float64)
-        self.receive = cupy.empty_like(self.send)
-        self.stream = cupy.cuda.get_current_stream()
+        self.on_device = transport != "mpi"
+        if self.on_device:
+            import cupy as xp
+        else:
+            xp = np
+        self.xp = xp
+        self.movers = collectives(comm, on_device=self.on_device)   # collective on first use
+        self.send = xp.ones(max(1, n_bytes // 8), dtype=xp.float64)
+        self.receive = xp.empty_like(self.send)
 
     def exchange(self, peer: int) -> None:
-        from hpcgpu.transport.nccl import grouped_send_receive
-
-        grouped_send_receive(self.nccl, [(self.send, peer)], [(self.receive, peer)], self.stream)
-        self.stream.synchronize()
+        self.movers.send_receive(sends=[(self.send, peer)], receives=[(self.receive, peer)])
+        self.synchronize()
 
     def allreduce(self) -> None:
-        self.comm.device_collectives().allreduce(self.send, "sum")
-        self.stream.synchronize()
+        self.movers.allreduce(self.send, self.receive, "sum")
+        self.synchronize()
 
     def synchronize(self) -> None:
-        self.stream.synchronize()
+        if self.on_device:
+            self.xp.cuda.get_current_stream().synchronize()
 
 
-def transport_buffers(comm, transport: str, n_bytes: int):
-    """Buffers of ``n_bytes`` that move the way ``transport`` moves them (collective for ``nccl``)."""
-    if transport == "nccl":
-        return _NcclBuffers(comm, n_bytes)
-    return _HostBuffers(comm, n_bytes)
+def transport_buffers(comm, transport: str, n_bytes: int) -> TransportBuffers:
+    """Buffers of ``n_bytes`` that move the way ``transport`` (the job's) moves them (collective on first use)."""
+    return TransportBuffers(comm, transport, n_bytes)
 
 
 def link_bandwidths(comm, buffers, n_bytes: int, repeats: int = REPEATS) -> list[dict]:

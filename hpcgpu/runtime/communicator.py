@@ -13,10 +13,7 @@ from __future__ import annotations
 import socket
 import numpy as np
 
-from hpcgpu.arch import is_device_array
 from hpcgpu.errors import ConfigurationError, HpcgpuError, rank_prefix
-from hpcgpu.transport.device_collectives import device_collectives
-from hpcgpu.transport.selection import JobTransport
 
 _OPS = ("sum", "max", "min")
 
@@ -50,9 +47,12 @@ class Communicator:
     n_nodes, node_index : int
         Number of nodes in the job and the index of this rank's node (0 .. n_nodes-1, by lowest rank).
     hostname : str
-    job_transport : hpcgpu.transport.JobTransport
-        The transport this job chose (:func:`hpcgpu.transport.select_transport`) and what is built from
-        it once: halo transports, the NCCL communicator, the device collectives.
+    job_transport : hpcgpu.transport.job.JobTransport or None
+        The transport this job chose and what is built from it once (halo transports, the NCCL
+        communicator, the collectives); None until :mod:`hpcgpu.transport` first needs it
+        (:func:`hpcgpu.transport.job.job_transport`). This class moves only small host values itself.
+    parent : Communicator or None
+        The communicator this one was split from (its transport choice is inherited).
     errors : mpi4py.MPI.Comm
         A duplicate of ``mpi`` used only on the error path (:func:`hpcgpu.runtime.abort.abort_on_error`
         checks with a non-blocking barrier there whether every rank raised the same error), so it can
@@ -72,7 +72,8 @@ class Communicator:
         leader_order = self.mpi.exscan(is_leader, op=MPI.SUM) or 0
         self.node_index = self.node.bcast(leader_order if is_leader else None, root=0)
         self.hostname = socket.gethostname()
-        self.job_transport = JobTransport()
+        self.job_transport = None
+        self.parent = None
         self.errors = self.mpi.Dup()
 
     # ------------------------------------------------------------------ identity
@@ -89,7 +90,9 @@ class Communicator:
 
     def split(self, color: int, key: int | None = None) -> "Communicator":
         """Collective: split into sub-communicators (for example one per row of a process grid)."""
-        return Communicator(self.mpi.Split(color, self.rank if key is None else key))
+        child = Communicator(self.mpi.Split(color, self.rank if key is None else key))
+        child.parent = self
+        return child
 
     # ------------------------------------------------------------------ errors
     def check(self, ok: bool, message: str = "", error: type[HpcgpuError] = ConfigurationError) -> None:
@@ -122,15 +125,15 @@ class Communicator:
 
         Parameters
         ----------
-        value : int, float, numpy.ndarray or cupy.ndarray
-            Python scalars and NumPy arrays go through MPI; CuPy arrays through NCCL on the current
-            stream (host-staged MPI where NCCL is unavailable). The input is not modified.
+        value : int, float or numpy.ndarray
+            A small host value: Python scalars and NumPy arrays go through MPI. The input is not
+            modified. Device arrays move through the job's transport instead:
+            ``hpcgpu.transport.collectives(comm, arch).allreduce(array)``.
         op : {"sum", "max", "min"}
         """
         if op not in _OPS:
             raise ConfigurationError(f"allreduce op must be one of {_OPS}, got {op!r}")
-        if is_device_array(value):
-            return self.device_collectives().allreduce(value, op)
+        _refuse_device_array(value, "allreduce")
         MPI = _mpi()
         mpi_op = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[op]
         if isinstance(value, np.ndarray):
@@ -143,31 +146,25 @@ class Communicator:
             self.mpi.Allreduce(np.asarray([value]), result, op=mpi_op)
             return result[0].item()
         raise ConfigurationError(
-            f"allreduce expects a number, a NumPy array or a CuPy array, got {type(value).__name__}"
+            f"allreduce expects a number or a NumPy array, got {type(value).__name__}"
         )
 
     def broadcast(self, value, root: int = 0):
         """Return ``value`` from ``root`` on every rank.
 
         NumPy arrays must have the same shape and dtype on every rank (they are filled in place and
-        returned); CuPy arrays likewise, through NCCL; any other picklable object is sent whole.
+        returned); any other picklable object is sent whole. Device arrays move through the job's
+        transport: ``hpcgpu.transport.collectives(comm, arch).broadcast(array, root)``.
         """
-        if is_device_array(value):
-            return self.device_collectives().broadcast(value, root)
+        _refuse_device_array(value, "broadcast")
         if isinstance(value, np.ndarray):
             self.mpi.Bcast(value, root=root)
             return value
         return self.mpi.bcast(value, root=root)
 
-    def device_collectives(self):
-        """The collectives object for device arrays (NCCL or host-staged MPI, after the job's transport),
-        built on first use.
 
-        Building it is collective: every rank must reach its first device collective together.
-        """
-        return device_collectives(self)
-
-    def set_device_collectives(self, collectives) -> None:
-        """Use ``collectives`` (an object with ``allreduce(array, op)`` and ``broadcast(array, root)``) for
-        device arrays instead of those of the job's transport."""
-        self.job_transport.device_collectives = collectives
+def _refuse_device_array(value, operation: str) -> None:
+    if type(value).__module__.startswith("cupy"):   # hpcgpu.arch.is_device_array (arch sits above runtime)
+        raise ConfigurationError(
+            f"Communicator.{operation} moves host values; for a device array use the job's transport: "
+            f"hpcgpu.transport.collectives(comm, arch).{operation}(array)")

@@ -1,6 +1,12 @@
-"""Transports: how halo messages move between ranks.
+"""Transports: the only code that moves data between ranks.
 
-All transports take a planned :class:`~hpcgpu.halo.HaloExchange` and return a handle with ``wait()``.
+Two kinds of object, both built on the job's one transport choice:
+
+* **collectives** (:func:`collectives`, :mod:`hpcgpu.transport.collectives`): allreduce,
+  reduce-scatter, allgather(v), broadcast, gather/scatter(v), alltoallv and paired point-to-point
+  messages on host or device buffers -- what particles, training and checkpoints use;
+* **halo transports** (:func:`default_transport`): the planned, graph-capturable exchange of field
+  halos. They take a planned :class:`~hpcgpu.halo.HaloExchange` and return a handle with ``wait()``:
 
 ============== ================================ =====================================================
 name           arrays                           how
@@ -18,14 +24,16 @@ name           arrays                           how
 the ``--transport`` flag, else ``HPCGPU_TRANSPORT``, else ``mpi`` on CPUs and the first usable of ``nccl``,
 ``mpi-cuda``, ``mpi-staged`` on GPUs) and keeps it in ``comm.job_transport``
 (:mod:`hpcgpu.transport.selection`); halos (:func:`default_transport`), particle ghosts and device
-collectives all read it there. Building blocks shared by every app: NCCL grouped send/recv
-(:func:`hpcgpu.transport.nccl.grouped_send_receive`) and CUDA-IPC peer windows
-(:mod:`hpcgpu.transport.peer_memory`).
+collectives all read it there (:mod:`hpcgpu.transport.job`). Besides: CUDA-IPC peer windows
+(:mod:`hpcgpu.transport.peer_memory`) for apps that store into a neighbour's memory directly.
 """
 
 from __future__ import annotations
 
 from hpcgpu.errors import BackendError
+from hpcgpu.transport.collectives import Collectives, collectives
+from hpcgpu.transport.job import job_transport
+from hpcgpu.transport.messages import Message
 from hpcgpu.transport.mpi_device import CudaAwareMpiTransport, StagedMpiTransport, mpi_is_cuda_aware
 from hpcgpu.transport.mpi_host import MpiHostTransport
 from hpcgpu.transport.nccl import NcclTransport, nccl_communicator
@@ -38,8 +46,9 @@ from hpcgpu.transport.selection import (
     transport_name,
 )
 
-__all__ = ["TRANSPORTS", "JobTransport", "TransportChoice", "default_transport", "make_transport",
-           "select_transport", "transport_choice", "transport_name"]
+__all__ = ["TRANSPORTS", "Collectives", "JobTransport", "Message", "TransportChoice", "collectives",
+           "default_transport", "job_transport", "make_transport", "select_transport", "transport_choice",
+           "transport_name"]
 
 
 def make_transport(name: str, comm, arch):
@@ -70,9 +79,9 @@ def make_transport(name: str, comm, arch):
 
 def default_transport(comm, arch):
     """The job's halo transport for ``arch``: :func:`select_transport`'s choice, built once per
-    communicator and architecture (collective on first use) and kept in ``comm.job_transport``."""
+    communicator and architecture (collective on first use) and kept with the communicator."""
     name = select_transport(comm, arch)
-    transports = comm.job_transport.halo_transports
+    transports = job_transport(comm).halo_transports
     key = (arch.name, arch.device_id)
     if key not in transports:
         transports[key] = make_transport(name, comm, arch)

@@ -1,4 +1,4 @@
-"""NCCL through ``cupy.cuda.nccl``: halo exchange and device collectives.
+"""NCCL through ``cupy.cuda.nccl``: the communicator, grouped point-to-point messages and the halo exchange.
 
 One NCCL communicator per :class:`~hpcgpu.Communicator`, created on first use: rank 0 makes the unique
 id, MPI broadcasts it, and every rank joins (a collective: all ranks must get here together).
@@ -25,6 +25,7 @@ import numpy as np
 from hpcgpu.errors import BackendError
 from hpcgpu.runtime.capture import capture_graph
 from hpcgpu.transport.events import EventHandle, exchange_event
+from hpcgpu.transport.job import job_transport
 
 
 def nccl_available() -> bool:
@@ -158,14 +159,14 @@ def grouped_send_receive(nccl_comm, sends, receives, stream) -> None:
 
 def nccl_communicator(comm):
     """The NCCL communicator of ``comm``, created on first call (collective) and kept in
-    ``comm.job_transport.nccl_communicator``.
+    the communicator's :class:`~hpcgpu.transport.job.JobTransport`.
 
     Raises
     ------
     BackendError
         When CuPy has no NCCL.
     """
-    job = comm.job_transport
+    job = job_transport(comm)
     if job.nccl_communicator is not None:
         return job.nccl_communicator
     if not nccl_available():
@@ -183,7 +184,7 @@ def nccl_communicator(comm):
 
 def has_nccl_communicator(comm) -> bool:
     """Whether ``comm``'s NCCL communicator exists already (settings read at its creation come too late)."""
-    return comm.job_transport.nccl_communicator is not None
+    return job_transport(comm).nccl_communicator is not None
 
 
 class NcclTransport:
@@ -230,36 +231,3 @@ class NcclTransport:
         # outside of any graph capture; later ones replay the captured graph.
         state.graph_warm = True
         return EventHandle(arch.compute_stream, exchange_event(exchange, "done", stream))
-
-
-_NCCL_OPS = {"sum": "NCCL_SUM", "max": "NCCL_MAX", "min": "NCCL_MIN"}
-
-
-class NcclCollectives:
-    """allreduce / broadcast of CuPy arrays on the current stream."""
-
-    name = "nccl"
-
-    def __init__(self, comm):
-        self.nccl_comm = nccl_communicator(comm)
-
-    def allreduce(self, array, op: str):
-        import cupy
-        from cupy.cuda import nccl
-
-        send = cupy.ascontiguousarray(array)
-        result = cupy.empty_like(send)
-        nccl_type = nccl_datatype(send.dtype)
-        stream = cupy.cuda.get_current_stream()
-        self.nccl_comm.allReduce(send.data.ptr, result.data.ptr, send.size, nccl_type, getattr(nccl, _NCCL_OPS[op]), stream.ptr)
-        return result
-
-    def broadcast(self, array, root: int):
-        import cupy
-
-        if not array.flags.c_contiguous:
-            raise BackendError("broadcast of a CuPy array needs a C-contiguous array (it is filled in place)")
-        nccl_type, count = nccl_type_and_count(array)
-        stream = cupy.cuda.get_current_stream()
-        self.nccl_comm.bcast(array.data.ptr, count, nccl_type, root, stream.ptr)
-        return array

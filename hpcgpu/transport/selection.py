@@ -15,8 +15,8 @@ Precedence: an explicit request (the apps' ``--transport`` flag, passed as ``req
 ``HPCGPU_TRANSPORT`` environment variable, else automatic (``mpi`` on CPUs; on GPUs the first usable of
 ``nccl``, ``mpi-cuda``, ``mpi-staged``). The choice is made by :func:`select_transport` -- collective the
 first time, so every rank agrees or every rank raises the same error -- and kept in the communicator's
-:class:`JobTransport` (``comm.job_transport``), which also holds what is built from it once per job: the
-halo transport objects, the NCCL communicator and the device collectives. Nothing else reads the
+:class:`~hpcgpu.transport.job.JobTransport`, which also holds what is built from it once per job: the
+halo transport objects, the NCCL communicator and the collectives. Nothing else reads the
 environment variable.
 
 This module imports neither CuPy nor MPI at import time.
@@ -25,10 +25,10 @@ This module imports neither CuPy nor MPI at import time.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 
 from hpcgpu.errors import BackendError, ConfigurationError, HpcgpuError
 from hpcgpu.runtime.abort import replicated
+from hpcgpu.transport.job import JobTransport, TransportChoice, job_transport
 from hpcgpu.transport.mpi_device import mpi_is_cuda_aware
 from hpcgpu.transport.nccl import nccl_available
 
@@ -36,56 +36,6 @@ from hpcgpu.transport.nccl import nccl_available
 TRANSPORTS = ("mpi", "nccl", "mpi-cuda", "mpi-staged")
 #: The environment variable that requests a transport for the whole job.
 ENVIRONMENT_VARIABLE = "HPCGPU_TRANSPORT"
-
-
-@dataclass(frozen=True)
-class TransportChoice:
-    """The transport chosen for one kind of architecture.
-
-    Attributes
-    ----------
-    name : str
-        One of :data:`TRANSPORTS`.
-    source : str
-        Where it came from: ``"flag"``, ``"environment"`` or ``"automatic"``.
-    """
-
-    name: str
-    source: str
-
-    def describe(self) -> str:
-        """``"nccl (automatic)"``: for headers and summaries."""
-        return f"{self.name} ({self.source})"
-
-
-@dataclass
-class JobTransport:
-    """Everything one communicator uses to move data: the chosen transport and what is built from it.
-
-    Every :class:`hpcgpu.Communicator` owns one, as ``comm.job_transport``. Filled lazily: the choice
-    at the first :func:`select_transport` (explicit, or from the first halo exchange, ghost exchange or
-    device collective), the objects at their first use.
-
-    Attributes
-    ----------
-    requested : str or None
-        The explicit request recorded by :func:`select_transport` (the ``--transport`` flag).
-    choices : dict of str -> TransportChoice
-        Per architecture name (``"cpu"``, ``"gpu"``): the agreed transport.
-    halo_transports : dict of (str, int or None) -> transport
-        Halo transport objects per ``(arch.name, arch.device_id)``
-        (:func:`hpcgpu.transport.default_transport`).
-    nccl_communicator : cupy.cuda.nccl.NcclCommunicator or None
-        The job's NCCL communicator (:func:`hpcgpu.transport.nccl.nccl_communicator`).
-    device_collectives : object or None
-        Allreduce/broadcast of device arrays (:func:`hpcgpu.transport.device_collectives.device_collectives`).
-    """
-
-    requested: str | None = None
-    choices: dict = field(default_factory=dict)
-    halo_transports: dict = field(default_factory=dict)
-    nccl_communicator: object = None
-    device_collectives: object = None
 
 
 def requested_transport(requested: str | None = None) -> tuple[str | None, str]:
@@ -146,7 +96,7 @@ def select_transport(comm, arch, requested: str | None = None) -> str:
     arch : hpcgpu.arch.CPU or hpcgpu.arch.GPU
         Only ``arch.is_gpu`` is read: the choice is kept per kind of architecture.
     requested : str, optional
-        One of :data:`TRANSPORTS`. Precedence: ``requested`` (the flag), else ``HPCGPU_TRANSPORT``,
+        One of :data:`hpcgpu.transport.TRANSPORTS`. Precedence: ``requested`` (the flag), else ``HPCGPU_TRANSPORT``,
         else automatic (:func:`automatic_transport`).
 
     Returns
@@ -175,7 +125,7 @@ def select_transport(comm, arch, requested: str | None = None) -> str:
 def select_transport_for(comm, is_gpu: bool, requested: str | None = None) -> str:
     """:func:`select_transport` for a kind of architecture (``is_gpu``) rather than an ``arch`` object:
     the device collectives know only that their arrays are on a GPU."""
-    job = comm.job_transport
+    job = job_transport(comm)
     kind = _architecture_name(is_gpu)
     stored = job.choices.get(kind)
     if stored is not None:
@@ -216,7 +166,7 @@ def transport_choice(comm, arch) -> TransportChoice:
 
     Before :func:`select_transport` has run: what it would choose on this rank (unvalidated source
     ``"automatic"`` or ``"environment"``)."""
-    stored = comm.job_transport.choices.get(_architecture_name(bool(arch.is_gpu)))
+    stored = job_transport(comm).choices.get(_architecture_name(bool(arch.is_gpu)))
     if stored is not None:
         return stored
     name, source = requested_transport(None)

@@ -96,12 +96,14 @@ def test_selection_precedence_and_one_choice_per_job(comm, monkeypatch):
 @pytest.mark.mpi(ranks=[1, 2])
 def test_device_collectives_and_particle_ghosts_read_the_same_choice(comm, monkeypatch):
     from hpcgpu.particles.ghosts import use_nccl
-    from hpcgpu.transport.device_collectives import StagedCollectives
+    from hpcgpu.transport import collectives
+    from hpcgpu.transport.device_collectives import MpiDeviceCollectives
 
     monkeypatch.setenv("HPCGPU_TRANSPORT", "mpi-staged")
     staged = fresh(comm)
-    assert isinstance(staged.device_collectives(), StagedCollectives)   # no CuPy needed to build it
-    assert staged.device_collectives() is staged.job_transport.device_collectives
+    movers = collectives(staged, on_device=True)
+    assert isinstance(movers, MpiDeviceCollectives) and movers.name == "mpi-staged"   # no CuPy needed to build it
+    assert collectives(staged, on_device=True) is movers is staged.job_transport.collectives["device"]
     assert not use_nccl(staged)
     assert staged.job_transport.choices["gpu"] == selection.TransportChoice("mpi-staged", "environment")
     monkeypatch.setenv("HPCGPU_TRANSPORT", "nccl")

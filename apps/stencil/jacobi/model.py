@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import hpcgpu
+from hpcgpu.transport import collectives
 from apps.stencil.checkpointing import StencilModel
 from apps.stencil.jacobi.problem import check_global_shape, fill_initial_state, fixed_local_columns
 from apps.stencil.jacobi.sweep import jacobi_sweep
@@ -86,7 +87,7 @@ class JacobiModel(StencilModel):
         self.stencil.step(timers, self.residual if want_norm else None)
         if want_norm:
             with timers.phase("communication"):
-                total = self.comm.allreduce(self.residual, "sum")
+                total = collectives(self.comm, self.arch).allreduce(self.residual)
             self.norm = math.sqrt(float(self.arch.to_host(total)[0]))
 
     def graph_key(self) -> int:

@@ -1,0 +1,208 @@
+"""Collectives and paired point-to-point messages on host (NumPy) buffers, through MPI.
+
+The CPU transport (``mpi``) of every job, and the host side of the GPU transports that go through MPI
+(``mpi-staged``, ``mpi-cuda``: :mod:`hpcgpu.transport.device_collectives`). The operations and their
+argument conventions are those of :class:`hpcgpu.transport.collectives.Collectives`.
+
+Every call is an MPI buffer call on contiguous arrays: results are bitwise those of MPI's own
+reductions (``MPI_Allreduce`` and friends), whatever the number of ranks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hpcgpu.errors import BackendError, ConfigurationError
+from hpcgpu.transport.messages import Message, check_counts, message_tags, resolve_messages
+
+#: The reduction operators every transport offers.
+OPERATORS = ("sum", "max", "min")
+
+
+def mpi_operator(op: str):
+    """The ``mpi4py.MPI.Op`` of ``op`` (one of :data:`OPERATORS`)."""
+    if op not in OPERATORS:
+        raise ConfigurationError(f"reduction operator must be one of {', '.join(OPERATORS)}, got {op!r}")
+    from mpi4py import MPI
+
+    return {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[op]
+
+
+def mpi_datatype(dtype, reducing: bool):
+    """The MPI datatype of a NumPy dtype, or None when the bytes of the array travel as ``MPI.BYTE``.
+
+    Raises
+    ------
+    BackendError
+        ``reducing`` and MPI has no arithmetic for ``dtype`` (bfloat16, say): reduce a float32 copy.
+    """
+    from mpi4py import MPI
+
+    dtype = np.dtype(dtype)
+    datatype = MPI._typedict.get(dtype.char) if dtype.kind in "biufc" else None
+    if datatype is None and reducing:
+        raise BackendError(f"MPI cannot reduce dtype {dtype} (it has no such arithmetic); reduce a float32 "
+                           "copy instead, or use the nccl transport on GPUs")
+    return datatype
+
+
+def buffer_spec(array, reducing: bool = False):
+    """An mpi4py buffer specification of a contiguous array, ``[array, type]`` (mpi4py infers the counts
+    per rank from the sizes), or its bytes when MPI has no type for the dtype (only when not ``reducing``)."""
+    datatype = mpi_datatype(array.dtype, reducing)
+    if datatype is None:
+        from mpi4py import MPI
+
+        return [array.reshape(-1).view(np.uint8), MPI.BYTE]
+    return [array, datatype]
+
+
+def _vector_spec(array, counts, reducing: bool = False):
+    """``[array, (counts, displacements), type]`` for the v-collectives, in elements (or bytes)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    displacements = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    datatype = mpi_datatype(array.dtype, reducing)
+    if datatype is None:
+        from mpi4py import MPI
+
+        size = array.itemsize
+        return [array.reshape(-1).view(np.uint8), (counts * size, displacements * size), MPI.BYTE]
+    return [array, (counts, displacements), datatype]
+
+
+def _contiguous(array, what: str):
+    if not array.flags.c_contiguous:
+        raise BackendError(f"{what} needs a C-contiguous array, found shape {tuple(array.shape)} with strides "
+                           f"{tuple(array.strides)}; pass a contiguous array or copy it first")
+    return array
+
+
+class MpiRequests:
+    """The handle of a host exchange: ``wait()`` completes every request (and runs ``after``)."""
+
+    def __init__(self, requests, after=None):
+        self.requests, self.after = requests, after
+
+    def wait(self) -> None:
+        from mpi4py import MPI
+
+        MPI.Request.Waitall(self.requests)
+        self.requests = []
+        if self.after is not None:
+            after, self.after = self.after, None
+            after()
+
+
+class HostCollectives:
+    """MPI collectives and paired messages on NumPy arrays of one communicator (transport ``mpi``).
+
+    Parameters
+    ----------
+    comm : hpcgpu.Communicator
+    """
+
+    name = "mpi"
+    #: MPI calls synchronise with the host: nothing here can sit inside a CUDA graph.
+    capturable = False
+    on_device = False
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    @property
+    def size(self) -> int:
+        return self.comm.size
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    # ------------------------------------------------------------------ reductions
+    def allreduce(self, send, out=None, op: str = "sum", stream=None):
+        mpi_op = mpi_operator(op)
+        send = _contiguous(send, "allreduce")
+        if out is None:
+            out = np.empty_like(send)
+        if out is send:
+            from mpi4py import MPI
+
+            self.comm.mpi.Allreduce(MPI.IN_PLACE, buffer_spec(out, reducing=True), op=mpi_op)
+        else:
+            self.comm.mpi.Allreduce(buffer_spec(send, reducing=True), buffer_spec(out, reducing=True), op=mpi_op)
+        return out
+
+    def reduce_scatter(self, send, out, op: str = "sum", stream=None):
+        mpi_op = mpi_operator(op)
+        check_counts("reduce_scatter", send.size, out.size * self.size, "send", "size x out")
+        self.comm.mpi.Reduce_scatter_block(buffer_spec(_contiguous(send, "reduce_scatter"), reducing=True),
+                                           buffer_spec(_contiguous(out, "reduce_scatter"), reducing=True), op=mpi_op)
+        return out
+
+    # ------------------------------------------------------------------ data movement
+    def allgather(self, send, out, stream=None):
+        check_counts("allgather", out.size, send.size * self.size, "out", "size x send")
+        self.comm.mpi.Allgather(buffer_spec(_contiguous(send, "allgather")), buffer_spec(_contiguous(out, "allgather")))
+        return out
+
+    def allgatherv(self, send, out, counts, stream=None):
+        counts = [int(c) for c in counts]
+        check_counts("allgatherv", send.size, counts[self.rank], "send", "counts[rank]")
+        check_counts("allgatherv", out.size, sum(counts), "out", "sum(counts)")
+        self.comm.mpi.Allgatherv(buffer_spec(_contiguous(send, "allgatherv")),
+                                 _vector_spec(_contiguous(out, "allgatherv"), counts))
+        return out
+
+    def broadcast(self, array, root: int = 0, stream=None):
+        self.comm.mpi.Bcast(buffer_spec(_contiguous(array, "broadcast")), root=root)
+        return array
+
+    def gatherv(self, send, out, counts, root: int = 0, stream=None):
+        counts = [int(c) for c in counts]
+        check_counts("gatherv", send.size, counts[self.rank], "send", "counts[rank]")
+        if self.rank == root:
+            check_counts("gatherv", out.size, sum(counts), "out", "sum(counts)")
+            self.comm.mpi.Gatherv(buffer_spec(_contiguous(send, "gatherv")), _vector_spec(_contiguous(out, "gatherv"), counts),
+                                  root=root)
+            return out
+        self.comm.mpi.Gatherv(buffer_spec(_contiguous(send, "gatherv")), None, root=root)
+        return None
+
+    def scatterv(self, send, out, counts, root: int = 0, stream=None):
+        counts = [int(c) for c in counts]
+        check_counts("scatterv", out.size, counts[self.rank], "out", "counts[rank]")
+        if self.rank == root:
+            check_counts("scatterv", send.size, sum(counts), "send", "sum(counts)")
+            self.comm.mpi.Scatterv(_vector_spec(_contiguous(send, "scatterv"), counts), buffer_spec(_contiguous(out, "scatterv")),
+                                   root=root)
+        else:
+            self.comm.mpi.Scatterv(None, buffer_spec(_contiguous(out, "scatterv")), root=root)
+        return out
+
+    def alltoallv(self, send, send_counts, out, receive_counts, stream=None):
+        send_counts = [int(c) for c in send_counts]
+        receive_counts = [int(c) for c in receive_counts]
+        check_counts("alltoallv", send.size, sum(send_counts), "send", "sum(send_counts)")
+        check_counts("alltoallv", out.size, sum(receive_counts), "out", "sum(receive_counts)")
+        self.comm.mpi.Alltoallv(_vector_spec(_contiguous(send, "alltoallv"), send_counts),
+                                _vector_spec(_contiguous(out, "alltoallv"), receive_counts))
+        return out
+
+    # ------------------------------------------------------------------ point to point
+    def exchange(self, sends=(), receives=(), tag: int = 0, stream=None) -> MpiRequests:
+        """Post every receive and send (non-blocking) and return the handle whose ``wait()`` completes them.
+
+        See :meth:`hpcgpu.transport.collectives.Collectives.exchange` for the matching rule."""
+        receives, sends = resolve_messages(receives), resolve_messages(sends)
+        mpi = self.comm.mpi
+        requests = [mpi.Irecv(buffer_spec(_contiguous(m.array, "exchange")), source=m.peer, tag=t)
+                    for m, t in zip(receives, message_tags(receives, tag)) if m.array.size]
+        requests += [mpi.Isend(buffer_spec(_contiguous(m.array, "exchange")), dest=m.peer, tag=t)
+                     for m, t in zip(sends, message_tags(sends, tag)) if m.array.size]
+        return MpiRequests(requests)
+
+    def send_receive(self, sends=(), receives=(), tag: int = 0, stream=None) -> None:
+        """:meth:`exchange` and wait: every message has arrived (and every send buffer is free) on return."""
+        self.exchange(sends, receives, tag, stream).wait()
+
+
+__all__ = ["HostCollectives", "Message", "MpiRequests", "OPERATORS", "buffer_spec", "mpi_datatype", "mpi_operator"]
