@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from hpcgpu.errors import ConfigurationError
+from hpcgpu.transport import collectives
 
 
 class Field:
@@ -101,15 +102,13 @@ class Field:
         numpy.ndarray of shape ``global_shape`` on ``root``; None on other ranks.
         """
         grid = self.decomposition
-        mpi = grid.comm.mpi
+        movers = collectives(grid.comm, on_device=False)
         block = np.ascontiguousarray(self.arch.to_host(self.interior))
-        counts = mpi.gather(block.size, root=root)
-        if grid.comm.rank != root:
-            mpi.Gatherv(block, None, root=root)
+        counts = [int(np.prod(grid.block_of(grid.rank_coords(rank))[1])) for rank in range(grid.n_ranks)]
+        flat = np.empty(sum(counts) if grid.comm.rank == root else 0, dtype=block.dtype)
+        if movers.gatherv(block, flat, counts, root=root) is None:
             return None
-        flat = np.empty(sum(counts), dtype=block.dtype)
         displacements = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-        mpi.Gatherv(block, [flat, counts, displacements, _mpi_type(block.dtype)], root=root)
         result = np.empty(grid.global_shape, dtype=block.dtype)
         for rank in range(grid.n_ranks):
             start, shape = grid.block_of(grid.rank_coords(rank))
@@ -120,7 +119,6 @@ class Field:
     def scatter(self, global_array, root: int = 0) -> None:
         """Collective: fill owned cells from ``global_array`` held by ``root`` (ignored elsewhere)."""
         grid = self.decomposition
-        mpi = grid.comm.mpi
         block = np.empty(grid.local_shape, dtype=self.dtype)
         problem = None
         if grid.comm.rank == root:
@@ -129,22 +127,15 @@ class Field:
                 problem = f"scatter expected an array of shape {grid.global_shape} on rank {root}, got {global_array.shape}"
         # Only the root can see the problem: agree on it before anyone enters Scatterv.
         grid.comm.check(problem is None, problem or "")
+        counts = [int(np.prod(grid.block_of(grid.rank_coords(rank))[1])) for rank in range(grid.n_ranks)]
         if grid.comm.rank == root:
-            pieces, counts = [], []
+            pieces = []
             for rank in range(grid.n_ranks):
                 start, shape = grid.block_of(grid.rank_coords(rank))
                 piece = np.ascontiguousarray(global_array[tuple(slice(s, s + n) for s, n in zip(start, shape))])
                 pieces.append(piece.ravel())
-                counts.append(piece.size)
             flat = np.concatenate(pieces)
-            displacements = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-            mpi.Scatterv([flat, counts, displacements, _mpi_type(flat.dtype)], block, root=root)
         else:
-            mpi.Scatterv(None, block, root=root)
+            flat = np.empty(0, dtype=self.dtype)
+        collectives(grid.comm, on_device=False).scatterv(flat, block, counts, root=root)
         self.interior[...] = self.arch.from_host(block)
-
-
-def _mpi_type(dtype):
-    from mpi4py import MPI
-
-    return MPI._typedict[np.dtype(dtype).char]

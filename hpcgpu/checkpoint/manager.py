@@ -37,6 +37,7 @@ from hpcgpu.checkpoint.snapshot import PinnedPool, take_snapshot
 from hpcgpu.checkpoint.writer import (build_index, describe, write_master_file, write_rank_file,
                                       write_single_file)
 from hpcgpu.errors import CheckpointError, CheckpointStorageError, ConfigurationError
+from hpcgpu.transport import collectives
 
 STORAGES = ("auto", layout.LAYOUT_PER_RANK, layout.LAYOUT_SINGLE_FILE)
 
@@ -123,7 +124,7 @@ class CheckpointManager:
         self._scratch = bulk.Scratch()  # pack buffers for strided arrays, reused between saves
         # Commits of background writes agree through non-blocking reductions on a private
         # communicator, so they never match the application's own collectives.
-        self._commit_comm = comm.mpi.Dup() if asynchronous else None
+        self._commit_comm = comm.duplicate() if asynchronous else None
         self._pending = None
         self.last_save_seconds = 0.0      # time save() blocked the caller
         self.last_write_seconds = 0.0     # time the files took to write (background or not)
@@ -306,7 +307,7 @@ class CheckpointManager:
             return None
         if not job.verdict_known.is_set():
             self._start_agreement(job)
-            if not job.request.Test():
+            if not job.request.test():
                 return None
             job.verdict_known.set()
             if not job.succeeded:
@@ -326,7 +327,7 @@ class CheckpointManager:
         job.written.wait()
         if not job.verdict_known.is_set():
             self._start_agreement(job)
-            job.request.Wait()
+            job.request.wait()
             job.verdict_known.set()
         if job.succeeded:
             job.done.wait()
@@ -335,7 +336,8 @@ class CheckpointManager:
     def _start_agreement(self, job: WriteJob) -> None:
         if job.request is None:
             job.verdict = np.array([0 if job.error else 1], dtype=np.int64)
-            job.request = self._commit_comm.Iallreduce(job.verdict.copy(), job.verdict, op=_mpi_min())
+            movers = collectives(self._commit_comm, on_device=False)
+            job.request = movers.allreduce_start(job.verdict.copy(), job.verdict, op="min")
 
     def _finish_background(self, job: WriteJob, replicated: bool) -> CheckpointInfo:
         self._pending = None
@@ -365,7 +367,7 @@ class CheckpointManager:
             self._layout_process.close()
             self._layout_process = None
         if self._commit_comm is not None:
-            self._commit_comm.Free()
+            self._commit_comm.free()
             self._commit_comm = None
 
     def __enter__(self):
@@ -439,11 +441,6 @@ class CheckpointManager:
         self.restart_note = self.catalogue.describe_choice(restored.info, which, self.run_id)
         return restored
 
-
-def _mpi_min():
-    from mpi4py import MPI  # MPI starts with the Communicator; this only looks up the constant
-
-    return MPI.MIN
 
 
 def storage_error(message: str) -> CheckpointStorageError:

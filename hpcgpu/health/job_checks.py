@@ -14,6 +14,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
+
 from hpcgpu.health.findings import FAIL, OK, SKIP, WARN, Finding
 from hpcgpu.health.thresholds import Thresholds, format_bytes
 
@@ -78,12 +80,14 @@ def clock_offsets(comm, samples: int = 5) -> dict[str, dict]:
     One rank per node (its lowest) answers ``samples`` pings; the sample with the shortest round trip
     is kept, so the error is at most half that round trip (``uncertainty_s``).
     """
-    from mpi4py import MPI
+    from hpcgpu.transport import collectives
 
+    movers = collectives(comm, on_device=False)
     leaders = [rank for rank, local in enumerate(comm.mpi.allgather(comm.local_rank)) if local == 0]
     hosts = comm.mpi.allgather(comm.hostname)
     result = {}
     tag = 7431
+    ping, clock = np.zeros(1), np.zeros(1)
     if comm.rank == 0:
         result[comm.hostname] = {"offset_s": 0.0, "uncertainty_s": 0.0}
         for leader in leaders:
@@ -92,18 +96,17 @@ def clock_offsets(comm, samples: int = 5) -> dict[str, dict]:
             best = None
             for _ in range(samples):
                 sent = time.time()
-                comm.mpi.send(None, dest=leader, tag=tag)
-                remote = comm.mpi.recv(source=leader, tag=tag)
+                movers.send_receive(sends=[(ping, leader)], receives=[(clock, leader)], tag=tag)
                 received = time.time()
                 round_trip = received - sent
                 if best is None or round_trip < best[0]:
-                    best = (round_trip, remote - (sent + received) / 2)
+                    best = (round_trip, float(clock[0]) - (sent + received) / 2)
             result[hosts[leader]] = {"offset_s": best[1], "uncertainty_s": best[0] / 2}
     elif comm.rank in leaders:
         for _ in range(samples):
-            comm.mpi.recv(source=0, tag=tag)
-            comm.mpi.send(time.time(), dest=0, tag=tag)
-    del MPI
+            movers.send_receive(receives=[(ping, 0)], tag=tag)
+            clock[0] = time.time()
+            movers.send_receive(sends=[(clock, 0)], tag=tag)
     return comm.mpi.bcast(result, root=0)
 
 

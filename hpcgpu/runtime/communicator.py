@@ -94,6 +94,18 @@ class Communicator:
         child.parent = self
         return child
 
+    def duplicate(self) -> "Communicator":
+        """Collective: a communicator on the same ranks whose messages never match this one's (a private
+        channel, e.g. for a background thread's agreement). Release it with :meth:`free`."""
+        return Communicator(self.mpi.Dup())
+
+    def free(self) -> None:
+        """Collective: release the MPI communicators this object made (after its last use)."""
+        for mpi_comm in (self.errors, self.node, self.mpi):
+            if mpi_comm is not None:
+                mpi_comm.Free()
+        self.errors = self.node = self.mpi = None
+
     # ------------------------------------------------------------------ errors
     def check(self, ok: bool, message: str = "", error: type[HpcgpuError] = ConfigurationError) -> None:
         """Collective: raise ``error`` on *every* rank if any rank has ``ok == False``.

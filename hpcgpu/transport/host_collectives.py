@@ -78,10 +78,16 @@ def _contiguous(array, what: str):
 
 
 class MpiRequests:
-    """The handle of a host exchange: ``wait()`` completes every request (and runs ``after``)."""
+    """The handle of a host exchange or non-blocking collective: ``wait()`` completes every request (and
+    runs ``after``); ``test()`` says, without blocking, whether they have completed."""
 
     def __init__(self, requests, after=None):
         self.requests, self.after = requests, after
+
+    def test(self) -> bool:
+        from mpi4py import MPI
+
+        return bool(MPI.Request.Testall(self.requests))
 
     def wait(self) -> None:
         from mpi4py import MPI
@@ -130,6 +136,16 @@ class HostCollectives:
         else:
             self.comm.mpi.Allreduce(buffer_spec(send, reducing=True), buffer_spec(out, reducing=True), op=mpi_op)
         return out
+
+    def allreduce_start(self, send, out, op: str = "sum") -> "MpiRequests":
+        """Non-blocking :meth:`allreduce` into ``out`` (a different array): the handle's ``wait()``
+        completes it. ``send`` and ``out`` must stay untouched until then."""
+        mpi_op = mpi_operator(op)
+        request = self.comm.mpi.Iallreduce(buffer_spec(_contiguous(send, "allreduce_start"), reducing=True),
+                                           buffer_spec(_contiguous(out, "allreduce_start"), reducing=True), op=mpi_op)
+        handle = MpiRequests([request])
+        handle.buffers = (send, out)   # alive until the reduction completes
+        return handle
 
     def reduce_scatter(self, send, out, op: str = "sum", stream=None):
         mpi_op = mpi_operator(op)

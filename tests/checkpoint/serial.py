@@ -1,6 +1,6 @@
 """In-process stand-ins for one rank, so single-rank checkpoint tests need no MPI launch.
 
-``SerialComm`` implements the few Communicator methods the checkpoint service uses; ``BoxGrid`` is a
+``SerialComm`` is a real Communicator of this process alone; ``BoxGrid`` is a
 decomposition of which this process owns an arbitrary box, so one process can play any rank of any
 decomposition (to read a checkpoint as rank 2 of 3 would).
 """
@@ -9,53 +9,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcgpu.errors import ConfigurationError
 
 
-class _SerialMpi:
-    def allgather(self, value):
-        return [value]
+def SerialComm():
+    """A real one-rank :class:`hpcgpu.Communicator` (on ``MPI.COMM_SELF``): this process alone, so
+    single-rank checkpoint tests need no launch."""
+    from mpi4py import MPI
 
-    def bcast(self, value, root=0):
-        return value
+    import hpcgpu
 
-    def Dup(self):
-        return self
-
-    def Iallreduce(self, send, receive, op=None):
-        receive[...] = send
-        return _Done()
-
-    def Free(self):
-        pass
-
-
-class _Done:
-    def Test(self):
-        return True
-
-    def Wait(self):
-        return None
-
-
-class SerialComm:
-    rank, size = 0, 1
-    mpi = _SerialMpi()
-
-    def broadcast(self, value, root=0):
-        return value
-
-    def allreduce(self, value, op="sum"):
-        return value
-
-    def barrier(self):
-        pass
-
-    def check(self, ok, message="", error=ConfigurationError):
-        if not ok:
-            exc = error(message)
-            exc.replicated = True
-            raise exc
+    return hpcgpu.Communicator(MPI.COMM_SELF.Dup())
 
 
 class BoxGrid:
