@@ -37,7 +37,7 @@ from apps.stencil.sphere.polar_filter import (
     filter_circles,
     local_gather,
     make_filter_plan,
-    mpi_row_gather,
+    row_gather,
 )
 from apps.stencil.sphere.stage import SSP_RK3_STAGES, sphere_stage
 from apps.stencil.sphere.timestep import DEFAULT_CFL, ssp_rk3_step, stability_rate
@@ -46,5 +46,5 @@ __all__ = [
     "DEFAULT_CFL", "DIAGNOSTIC_NAMES", "INITIAL_CONDITIONS", "SSP_RK3_STAGES", "InitialCondition",
     "SphereParameters", "SphereTile", "damping_factors", "error_norms", "filter_and_combine", "filter_circles",
     "initial_owned_state", "local_diagnostics", "local_error_sums", "local_gather", "make_filter_plan",
-    "make_initial_condition", "mpi_row_gather", "sphere_stage", "ssp_rk3_step", "stability_rate", "tile_parameters",
+    "make_initial_condition", "row_gather", "sphere_stage", "ssp_rk3_step", "stability_rate", "tile_parameters",
 ]  # fmt: skip

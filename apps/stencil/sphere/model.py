@@ -35,7 +35,7 @@ from apps.stencil.shallow_water.model import SECONDS_PER_DAY, ShallowWaterModel
 from apps.stencil.sphere.diagnostics import DIAGNOSTIC_NAMES, error_norms, local_diagnostics, local_error_sums
 from apps.stencil.sphere.initial_conditions import initial_owned_state, make_initial_condition
 from apps.stencil.sphere.parameters import DEFAULT_FILTER_LATITUDE_DEG, SphereParameters, tile_parameters
-from apps.stencil.sphere.polar_filter import filter_and_combine, local_gather, make_filter_plan, mpi_row_gather
+from apps.stencil.sphere.polar_filter import filter_and_combine, local_gather, make_filter_plan, row_gather
 from apps.stencil.sphere.timestep import DEFAULT_CFL, stability_rate
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.halo import free_slip_channel_walls
@@ -87,8 +87,8 @@ class LatLonModel(ShallowWaterModel):
         self.plan = make_filter_plan(self.parameters, start[0], shape[0], start[1], shape[1], width)
         self.filtered_rows = self.plan.filtered_rows_like(self.state[0].data)
         # Ranks of one latitude band, ordered by longitude: the polar filter's whole circles.
-        self.row_comm = comm.mpi.Split(color=self.grid.coords[0], key=self.grid.coords[1])
-        self.gather = mpi_row_gather(self.row_comm)
+        self.row_comm = comm.split(color=self.grid.coords[0], key=self.grid.coords[1])
+        self.gather = row_gather(self.row_comm, shape[1])
         h, u, v = initial_owned_state(self.initial, self.parameters, start, shape)
         self.exact_h = h.copy()
         for field, values in zip(self.state, (h, u, v)):

@@ -3,7 +3,7 @@
 The filter itself (why, and the formula of the factors ``S_k``) is described in
 :mod:`apps.stencil.sphere.polar_filter`. This module holds what both of its implementations share --
 the per-tile :class:`FilterPlan`, how a rank obtains whole circles (:func:`local_gather`,
-:func:`mpi_row_gather`), and the NumPy filter of whole circles (:func:`filter_circles`, the CPU path
+:func:`row_gather`), and the NumPy filter of whole circles (:func:`filter_circles`, the CPU path
 and the GPU's host-staged path) -- so that :mod:`apps.stencil.sphere.polar_filter` (the dispatcher)
 and :mod:`apps.stencil.sphere.polar_filter_gpu` both import it and not each other.
 """
@@ -103,13 +103,37 @@ def local_gather(block: np.ndarray) -> np.ndarray:
     return block
 
 
-def mpi_row_gather(row_comm) -> Callable[[np.ndarray], np.ndarray]:
-    """Row gather over an mpi4py row communicator whose ranks are ordered by longitude (key=coords[1])."""
-    if row_comm is None or row_comm.Get_size() == 1:
+def row_gather(row_comm, width: int) -> Callable[[np.ndarray], np.ndarray]:
+    """Row gather over the ranks of one latitude band, ordered by longitude (``key=coords[1]``).
+
+    Parameters
+    ----------
+    row_comm : hpcgpu.Communicator or None
+        The band's communicator (collective: built once per model).
+    width : int
+        This rank's number of columns (the last axis of every block it contributes).
+
+    Returns
+    -------
+    callable
+        ``gather(block)`` with ``block`` of shape (..., width) -> (..., nx): every rank's block side by
+        side in longitude order (an all-gather through the job's transport on host buffers).
+    """
+    if row_comm is None or row_comm.size == 1:
         return local_gather
+    from hpcgpu.transport import collectives
+
+    movers = collectives(row_comm, on_device=False)
+    widths = [int(w) for w in row_comm.mpi.allgather(int(width))]
 
     def gather(block: np.ndarray) -> np.ndarray:
-        return np.concatenate(row_comm.allgather(np.ascontiguousarray(block)), axis=-1)
+        block = np.ascontiguousarray(block)
+        lead = block.shape[:-1]
+        per_column = int(np.prod(lead, dtype=np.int64))
+        counts = [per_column * w for w in widths]
+        gathered = movers.allgatherv(block.reshape(-1), np.empty(sum(counts), dtype=block.dtype), counts)
+        pieces = np.split(gathered, np.cumsum(counts)[:-1])
+        return np.concatenate([piece.reshape(lead + (w,)) for piece, w in zip(pieces, widths)], axis=-1)
 
     return gather
 
@@ -142,4 +166,4 @@ def filter_circles(circle: np.ndarray, plan: FilterPlan, dtype: Any) -> np.ndarr
     return result
 
 
-__all__ = ["FilterPlan", "damping_factors", "filter_circles", "local_gather", "make_filter_plan", "mpi_row_gather"]
+__all__ = ["FilterPlan", "damping_factors", "filter_circles", "local_gather", "make_filter_plan", "row_gather"]

@@ -16,7 +16,7 @@ v at the face rows). Equatorward of ``lat_c`` nothing changes.
 Whole circles and decompositions
 --------------------------------
 The filter needs whole latitude circles. The ranks of one latitude band (same ``grid.coords[0]``)
-form a *row communicator* (``comm.mpi.Split(color=coords[0], key=coords[1])``); each rank
+form a *row communicator* (``comm.split(color=coords[0], key=coords[1])``); each rank
 allgathers its pieces of the polar rows' increments in longitude order, so *every* rank of the row
 holds the full circle, filters it (one NumPy FFT per row and field, the same call on the same
 numbers whatever the decomposition), and keeps its own columns. The result is bitwise independent
@@ -44,7 +44,7 @@ from apps.stencil.sphere.polar_circles import (
     filter_circles,
     local_gather,
     make_filter_plan,
-    mpi_row_gather,
+    row_gather,
 )
 from apps.stencil.sphere.polar_filter_gpu import filter_and_combine_gpu
 from hpcgpu.arch import is_device_array
@@ -69,7 +69,7 @@ def filter_and_combine(
     plan : FilterPlan
     gather : callable
         ``gather(block) -> circle``: block shape (n_filtered_rows, 3, n_columns) of this rank's owned
-        columns, returned as (n_filtered_rows, 3, nx) in longitude order (:func:`mpi_row_gather`).
+        columns, returned as (n_filtered_rows, 3, nx) in longitude order (:func:`row_gather`).
 
     Notes
     -----
@@ -93,4 +93,4 @@ def filter_and_combine(
             out[field][j, owned] = real_a * base[field][j, owned] + real_b * (stage[field][j, owned] + mine)
 
 
-__all__ = ["FilterPlan", "damping_factors", "filter_and_combine", "filter_circles", "local_gather", "make_filter_plan", "mpi_row_gather"]
+__all__ = ["FilterPlan", "damping_factors", "filter_and_combine", "filter_circles", "local_gather", "make_filter_plan", "row_gather"]

@@ -282,7 +282,7 @@ def filter_and_combine_gpu(
     if gather is local_gather:
         if plan.column_start != 0:
             raise ValueError(f"local_gather needs whole latitude circles, but this tile starts at column "
-                             f"{plan.column_start}; pass the row communicator's gather (mpi_row_gather).")
+                             f"{plan.column_start}; pass the row communicator's gather (row_gather).")
         # Every (field, row) in one batch, in persistent buffers (capturable: no allocation, no host
         # synchronisation); NumPy's order of operations: the forward transform in the field dtype,
         # the product with the float64 factors, the inverse transform, then the cast to the field dtype.
