@@ -11,6 +11,23 @@ even when MPI_Abort kills the job before its stderr is forwarded.
 A ``gpu`` test that runs on more ranks than the machine has GPUs (one GPU per rank) is skipped with
 the reason, and a run with GPUs ends with a short table of the GPU tests: where they ran and how
 they ended.
+
+Why not the ``pytest-isolate-mpi`` plugin (0.4.1), which has the same ``mpi(ranks=[...], timeout=...)``
+marker, a fresh job per test and rank count, and the failing rank's report (through
+``python -m mpi4py``, whose exit calls MPI_Abort):
+
+- ``pytest -q`` sets verbosity -1 and the plugin turns it into a bare ``-`` argument of every child
+  pytest ("file or directory not found: -"), so every multi-rank test fails;
+- at its timeout ``subprocess.run`` kills the launcher alone: Open MPI 4.1's ``mpirun`` leaves its
+  ranks running (MPICH's hydra ends them); :func:`hpcgpu.launch.run_mpi` kills the process group;
+- the launcher is one ``mpi_executable`` from the ini file, else the first ``mpirun`` on ``PATH``
+  (a system Open MPI's beside a venv's MPICH-built mpi4py when the venv is not activated), with fixed
+  ``mpi_command_line_args``: MPICH's ``mpiexec`` refuses Open MPI's ``--oversubscribe``, and there is
+  no ``$HPCGPU_MPIEXEC`` or launcher beside the running Python;
+- its cache of session-scoped fixtures requests ``comm`` from session scope, a ``ScopeMismatch`` with
+  this file's per-test ``comm`` (an :class:`hpcgpu.Communicator`);
+- each rank's report is logged as a test of its own (one test at 1-4 ranks reads "10 passed").
+The ``gpu`` skip logic below would have stayed ours either way. docs/testing.md says the same.
 """
 
 from __future__ import annotations

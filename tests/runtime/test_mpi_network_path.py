@@ -16,7 +16,7 @@ import pytest
 
 from hpcgpu.launch import run_mpi
 
-from tests.core.app_runs import ROOT, run_app_summary
+from tests.helpers.app_runs import ROOT, run_app_summary
 
 NETWORK_PATH = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
 """MPICH's variables for the network path between ranks of one host (docs/multinode.md)."""

@@ -142,4 +142,4 @@ def test_hpcgpu_and_apps_have_no_import_cycles():
            if not any(component <= known for known in KNOWN_CYCLES)]
     assert not new, (
         f"import cycles: {new}. Expected none: move what both modules need into a third module (or the "
-        "lower layer) instead of importing inside a function; see tests/core/test_import_graph.py")
+        "lower layer) instead of importing inside a function; see tests/imports/test_import_graph.py")

@@ -3,7 +3,7 @@ particle ghosts, and peer-memory windows with their flag kernels.
 
 Run on a GPU machine with 2 GPUs::
 
-    python -m pytest tests/core/test_transport_gpu.py -m gpu
+    python -m pytest tests/transport/test_transport_gpu.py -m gpu
 """
 
 import numpy as np

@@ -8,8 +8,8 @@ Run on a GPU machine (1 and 2 GPUs)::
 import numpy as np
 import pytest
 
-from tests.core.halo_reference import expected_padded
-from tests.core.test_halo import CASES
+from tests.halo.halo_reference import expected_padded
+from tests.halo.test_halo import CASES
 
 pytestmark = pytest.mark.gpu
 

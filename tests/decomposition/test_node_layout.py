@@ -14,7 +14,7 @@ from hpcgpu.decomposition_nodes import describe_node_traffic, halo_bytes, node_a
 from hpcgpu.decomposition_shape import split_extents
 from hpcgpu.errors import DecompositionError
 
-from tests.core.app_runs import run_app_summary
+from tests.helpers.app_runs import run_app_summary
 
 MB = 1e6
 

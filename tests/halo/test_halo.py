@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from tests.core.halo_reference import expected_padded
+from tests.halo.halo_reference import expected_padded
 
 CASES = [
     # (global_shape, periodic, halo_width, dims)
