@@ -177,7 +177,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("job services", ("health", "monitor", "info")),
     ("app contract", ("app",)),                  # CLI, run control, timers, progress, summary
     ("simulation", ("simulation",)),             # the driver and its operations (NetCDFOutput among them)
-    ("tools", ("bench", "testing", "jobscript", "__main__")),
+    ("tools", ("bench", "testing", "jobscript", "jobscript_shipped", "jobscript_template", "__main__")),
 ]
 
 #: Imports from a layer up that exist today, each ``(importing part, imported part)`` with its reason. Each
