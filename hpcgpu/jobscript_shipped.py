@@ -132,7 +132,8 @@ def resources(flavour: str, kind: str) -> tuple[str, ...]:
     """The resource options of a shipped script (``flavour`` ``gpu`` or ``cpu``)."""
     if flavour == "gpu":
         return (f"--nodes={KINDS[kind].gpu_nodes}", f"--gpus-per-node={GPUS_PER_NODE}",
-                f"--ntasks-per-node={GPUS_PER_NODE}", f"--cpus-per-task={CPUS_PER_GPU}", f"--time={KINDS[kind].gpu_time}")
+                f"--ntasks-per-node={GPUS_PER_NODE}", f"--cpus-per-task={CPUS_PER_GPU}",
+                f"--time={KINDS[kind].gpu_time}")
     if kind == "multi-node":
         # 4 ranks on the 2-core CI node: oversubscribed, as a multi-node job's rank count would be.
         return ("--nodes=1", "--ntasks=4", "--cpus-per-task=1", "--overcommit", f"--time={CPU_FIXTURE_TIME}")
@@ -143,8 +144,9 @@ def batch_script(flavour: str, app: str, kind: str) -> BatchScript:
     """The shipped script ``jobscripts/FLAVOUR/APP-KIND.sbatch``."""
     name = f"{app}-{kind}"
     shape, details = APPS[app], KINDS[kind]
-    about = (f"apps.{app}: {shape.description};", details.summary, *TWINS_NOTE, f"  sbatch jobscripts/gpu/{name}.sbatch",
-             *(note.format(name=name) for note in details.notes), *CLOSING_NOTE)
+    about = (f"apps.{app}: {shape.description};", details.summary, *TWINS_NOTE,
+             f"  sbatch jobscripts/gpu/{name}.sbatch", *(note.format(name=name) for note in details.notes),
+             *CLOSING_NOTE)
     return BatchScript(
         about=about, job_name=name, log="%x-%A_%a.log" if details.sweep else "%x-%j.log",
         resources=resources(flavour, kind), app_module=f"apps.{app}",

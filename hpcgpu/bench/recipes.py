@@ -137,9 +137,9 @@ def get_recipe(app_name: str) -> ScalingRecipe:
         raise ConfigurationError(
             f"no scaling recipe for app {app_name!r}: no installed distribution declares the entry-point group "
             f"{ENTRY_POINT_GROUP}. Expected hpcgpu installed (its pyproject.toml declares the recipes of "
-            f"apps.stencil, apps.md and apps.train); found hpcgpu imported from {Path(__file__).resolve().parents[1]} without "
-            "that metadata (a checkout on PYTHONPATH only?). Install it: pip install -e CHECKOUT "
-            "(or pip install hpcgpu)")
+            f"apps.stencil, apps.md and apps.train); found hpcgpu imported from "
+            f"{Path(__file__).resolve().parents[1]} without that metadata (a checkout on PYTHONPATH only?). "
+            "Install it: pip install -e CHECKOUT (or pip install hpcgpu)")
     raise ConfigurationError(
         f"no scaling recipe for app {app_name!r}; registered: {', '.join(sorted(recipes))}. Add one: a module "
         f"that calls register_scaling_recipe({app_name!r}, ...), declared in your pyproject.toml as "
