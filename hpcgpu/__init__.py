@@ -44,7 +44,7 @@ _LAZY = {
     "AtEnd": ("hpcgpu.simulation.triggers", "AtEnd"),
     "setup_architecture": ("hpcgpu.simulation.driver", "setup_architecture"),
     "simulation": ("hpcgpu.simulation", None),
-    "NetCDFOutput": ("hpcgpu.output.fields", "NetCDFOutput"),
+    "NetCDFOutput": ("hpcgpu.simulation.netcdf_output", "NetCDFOutput"),
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -11,7 +11,6 @@ An architecture is a value passed to every constructor (as in Oceananigans' ``CP
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import numpy as np
@@ -19,6 +18,7 @@ import numpy as np
 from hpcgpu.errors import BackendError, ConfigurationError
 from hpcgpu.runtime.affinity import bind_near_gpu
 from hpcgpu.runtime.device import gpu_identity, probe_cupy, select_device
+from hpcgpu.runtime.streams import on_stream  # noqa: F401 - public here
 
 BACKENDS = ("auto", "cupy", "numpy")
 
@@ -174,27 +174,6 @@ class GPU:
 
     def __repr__(self) -> str:
         return f"GPU(device_id={self.device_id}, reason={self.reason!r})"
-
-
-@contextlib.contextmanager
-def on_stream(stream):
-    """Make CuPy ``stream`` the current stream inside the block, then restore the previous one.
-
-    The stream is pushed on CuPy's stack of current streams (``with stream:``), so CuPy's own
-    ``with``-blocks inside return to it. On exit the previous stream is current again, also when it
-    had been made current with ``Stream.use()``, which CuPy's stack does not record (a bare
-    ``with stream:`` would then leave the null stream current, and work would silently stop being
-    ordered with the compute stream).
-    """
-    import cupy
-
-    previous = cupy.cuda.get_current_stream()
-    try:
-        with stream:
-            yield stream
-    finally:
-        if cupy.cuda.get_current_stream() != previous:
-            previous.use()
 
 
 def cpu_threads_per_rank(comm) -> int:

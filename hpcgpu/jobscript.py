@@ -1,8 +1,9 @@
 """``hpcgpu jobscript``: Slurm batch scripts from an installed hpcgpu, no source checkout needed.
 
-The job-script templates (``jobscripts/`` of a checkout) ship inside the package as
-``hpcgpu/jobscripts/`` (package data; in a checkout that path is a link to ``jobscripts/``, so the
-two cannot drift). This module
+The job scripts (``jobscripts/`` of a checkout) ship inside the package as ``hpcgpu/jobscripts/``
+(package data; in a checkout that path is a link to ``jobscripts/``, so the two cannot drift). Every
+batch script, shipped or written here, is rendered from one template, ``jobscripts/template/job.sbatch.in``
+(:mod:`hpcgpu.jobscript_template`). This module
 
 * writes a ready-to-submit script for one app and one job shape::
 
@@ -14,8 +15,10 @@ two cannot drift). This module
   writes its log next to where it is submitted (Slurm cannot create a directory for ``--output``),
   sources the installed ``common.sh`` (run directory, info report, srun line, requeue) and runs the
   app with the interpreter that wrote it;
-* lists the shipped templates (``--list``) and copies them for editing (``--copy-templates DIR``),
-  pointing each copy at the installed ``common.sh`` and interpreter.
+* lists the shipped scripts (``--list``) and copies them for editing (``--copy-templates DIR``),
+  pointing each copy at the installed ``common.sh`` and interpreter;
+* rewrites the shipped scripts from the templates after a change to them (``--write-shipped DIR``,
+  :mod:`hpcgpu.jobscript_shipped`).
 
 Nothing here starts MPI or touches a GPU.
 """
@@ -31,12 +34,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import hpcgpu
+from hpcgpu.jobscript_shipped import CHECKOUT_SOURCE_LINE, WRITE_COMMAND, write_shipped
+from hpcgpu.jobscript_template import SCRIPTS, BatchScript, render_batch_script
 
-#: The shipped templates: package data of hpcgpu (a link to the checkout's jobscripts/ in a checkout).
-TEMPLATES = (Path(__file__).parent / "jobscripts").resolve()
+#: The shipped scripts: package data of hpcgpu (a link to the checkout's jobscripts/ in a checkout).
+TEMPLATES = SCRIPTS
 APPS = ("stencil", "md", "train")
-#: The line every template uses to find common.sh in a checkout; --copy-templates replaces it.
-CHECKOUT_SOURCE_LINE = 'source "${HPCGPU_ROOT:-$SLURM_SUBMIT_DIR}/jobscripts/common.sh" || exit 2'
 #: Slurm's --time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 TIME_FORMAT = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}")
 
@@ -47,6 +50,8 @@ examples:
   hpcgpu jobscript train --cpu --ntasks-per-node 64 --time 30 -o train-cpu.sbatch -- --backend numpy
   hpcgpu jobscript --list                  the shipped templates (single/multi-node, preemptible, sweep)
   hpcgpu jobscript --copy-templates DIR    copies of them to edit, pointing at this installation
+  hpcgpu jobscript --write-shipped jobscripts   (in a checkout) the shipped scripts again, after a change
+                                                to jobscripts/template/ or hpcgpu/jobscript_shipped.py
 Then: sbatch FILE. Every knob of the scripts (HPCGPU_APP_ARGS, HPCGPU_SRUN_MPI, NCCL_*): docs/jobscripts.md
 """
 
@@ -61,6 +66,9 @@ def build_parser(prog: str = "hpcgpu jobscript") -> argparse.ArgumentParser:
     what.add_argument("--list", action="store_true", help="list the shipped templates and where they are")
     what.add_argument("--copy-templates", metavar="DIR", type=Path,
                       help="copy the templates (gpu/, cpu/, mpirun/, common.sh) into DIR, ready to edit and submit")
+    what.add_argument("--write-shipped", metavar="DIR", type=Path,
+                      help="render the shipped scripts (gpu/, cpu/, mpirun/run-*.sh) from jobscripts/template/ "
+                           "into DIR, a checkout's jobscripts/ (for developers of hpcgpu)")
     shape = parser.add_argument_group("job shape (#SBATCH lines)")
     shape.add_argument("--nodes", type=_positive_int, default=1, metavar="N", help="nodes [1]")
     shape.add_argument("--gpus-per-node", type=_positive_int, default=None, metavar="G",
@@ -169,47 +177,33 @@ def _check_value(parser, flag: str, value: str | None) -> None:
 
 
 def render(options, app_args: list[str], command_line: str) -> str:
-    """The text of the batch script for parsed ``options`` (see :func:`build_parser`)."""
+    """The text of the batch script for parsed ``options`` (see :func:`build_parser`), from the template."""
     app = options.app
-    name = options.job_name or app
-    lines = ["#!/bin/bash",
-             f"# Written by `{command_line}`",
-             f"# (hpcgpu {hpcgpu.__version__}, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC).",
-             ]
+    about = [f"Written by `{command_line}`",
+             f"(hpcgpu {hpcgpu.__version__}, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)."]
     if options.cpu:
         ranks = options.ntasks_per_node or 1
-        lines.append(f"# apps.{app} on {options.nodes} node(s) x {ranks} rank(s), CPU backend.")
+        about.append(f"apps.{app} on {options.nodes} node(s) x {ranks} rank(s), CPU backend.")
+        resources = [f"--nodes={options.nodes}", f"--ntasks-per-node={ranks}"]
     else:
         gpus = options.gpus_per_node or 8
-        lines += [f"# apps.{app} on {options.nodes} node(s) x {gpus} GPU(s), one MPI rank per GPU. Every rank sees",
-                  "# its node's GPUs and hpcgpu picks GPU local_rank % G (CUDA IPC between ranks works); common.sh",
-                  "# starts one rank per GPU that Slurm gave (SLURM_GPUS_ON_NODE)."]
-    lines += ["# common.sh runs `hpcgpu check` on every rank before the app; a failing or hung node is left out of a",
-              "# follow-up job that continues from the newest checkpoint (docs/health.md; HPCGPU_CHECK=0: no check).",
-              "# The log goes to --output below, relative to the directory you submit from; run directories to",
-              "# runs/<job-name>-<job-id>/ (HPCGPU_RUNS_DIR). Submit: sbatch THIS-FILE. Knobs: docs/jobscripts.md",
-              f"#SBATCH --job-name={name}",
-              f"#SBATCH --output={options.log}",
-              "#SBATCH --open-mode=append"]
-    if options.partition:
-        lines.append(f"#SBATCH --partition={options.partition}")
-    if options.account:
-        lines.append(f"#SBATCH --account={options.account}")
-    if options.preemptible:
-        lines += ["#SBATCH --requeue", "#SBATCH --signal=B:USR1@120"]
-    lines.append(f"#SBATCH --nodes={options.nodes}")
-    if options.cpu:
-        lines.append(f"#SBATCH --ntasks-per-node={options.ntasks_per_node or 1}")
-    else:
-        lines += [f"#SBATCH --gpus-per-node={gpus}", f"#SBATCH --ntasks-per-node={gpus}"]
+        about += [f"apps.{app} on {options.nodes} node(s) x {gpus} GPU(s), one MPI rank per GPU. Every rank sees",
+                  "its node's GPUs and hpcgpu picks GPU local_rank % G (CUDA IPC between ranks works); common.sh",
+                  "starts one rank per GPU that Slurm gave (SLURM_GPUS_ON_NODE)."]
+        resources = [f"--nodes={options.nodes}", f"--gpus-per-node={gpus}", f"--ntasks-per-node={gpus}"]
+    about += ["common.sh runs `hpcgpu check` on every rank before the app; a failing or hung node is left out of a",
+              "follow-up job that continues from the newest checkpoint (docs/health.md; HPCGPU_CHECK=0: no check).",
+              "The log goes to --output below, relative to the directory you submit from; run directories to",
+              "runs/<job-name>-<job-id>/ (HPCGPU_RUNS_DIR). Submit: sbatch THIS-FILE. Knobs: docs/jobscripts.md"]
     if options.cpus_per_task:
-        lines.append(f"#SBATCH --cpus-per-task={options.cpus_per_task}")
-    lines.append(f"#SBATCH --time={options.time}")
-    lines += [f"#SBATCH {option}" for option in options.sbatch]
-    run = "hpcgpu_run_preemptible" if options.preemptible else "hpcgpu_run"
-    app_line = " ".join([run, f"apps.{app}", *map(shlex.quote, app_args)])
-    lines += ["", _source_lines(options.python, common_sh()), "", app_line, ""]
-    return "\n".join(lines)
+        resources.append(f"--cpus-per-task={options.cpus_per_task}")
+    resources.append(f"--time={options.time}")
+    return render_batch_script(BatchScript(
+        about=tuple(about), job_name=options.job_name or app, log=options.log, resources=tuple(resources),
+        app_module=f"apps.{app}", app_arguments=tuple(map(shlex.quote, app_args)),
+        source_common=tuple(_source_lines(options.python, common_sh()).splitlines()),
+        preemptible=options.preemptible, partition=options.partition, account=options.account,
+        extra_options=tuple(options.sbatch)))
 
 
 def app_argument_problem(python: str, app: str, app_args: list[str]) -> str | None:
@@ -245,6 +239,14 @@ def main(argv=None, prog: str = "hpcgpu jobscript") -> int:
     options = parser.parse_args(argv)
     if options.list:
         list_templates()
+        return 0
+    if options.write_shipped is not None:
+        if not options.write_shipped.is_dir():
+            parser.error(f"--write-shipped {options.write_shipped}: expected the jobscripts/ directory of a "
+                         f"checkout, found no directory; from the repository root: {WRITE_COMMAND}")
+        changed = write_shipped(options.write_shipped)
+        print(f"rendered the shipped scripts into {options.write_shipped.resolve()}: {len(changed)} changed"
+              + "".join(f"\n  {path}" for path in changed))
         return 0
     if options.copy_templates is not None:
         try:

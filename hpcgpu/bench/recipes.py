@@ -9,33 +9,33 @@ for a strong series; a problem grown with the rank count for a weak one) — fro
 
     register_scaling_recipe("md", ScalingRecipe(module="apps.md", default_args=(...), plan_fn=plan_md))
 
-Discovery (:func:`scaling_recipes`) imports, once, the module ``scaling_recipe`` of every package in
+and declares that module in the entry-point group ``hpcgpu.scaling_recipes`` of its distribution, under
+the app's name (hpcgpu's own ``pyproject.toml`` does so for ``apps.stencil``, ``apps.md`` and
+``apps.train``)::
 
-1. :data:`APP_PACKAGES` (``apps.stencil``, ``apps.md``, ``apps.train``: the apps of this repository);
-2. ``HPCGPU_SCALING_RECIPES``: a comma list of more packages or modules (``mypkg.myapp``, or the full
-   ``mypkg.myapp.scaling_recipe``), for apps outside this repository;
-3. the entry point group ``hpcgpu.scaling_recipes`` of installed distributions (each entry point names
-   a module; loading it registers its recipes), so a pip-installed app needs no environment variable.
+    [project.entry-points."hpcgpu.scaling_recipes"]
+    md = "apps.md.scaling_recipe"
 
-A package of the list that cannot be imported (an app not shipped in a wheel) is skipped; an error
-*inside* a recipe module is raised, so a broken recipe is never silently missing.
+Discovery (:func:`scaling_recipes`) loads, once, every entry point of that group from the installed
+distributions' metadata: nothing here imports an app by name, so hpcgpu works without the bundled apps
+and a pip-installed app of any package adds itself. The metadata exists once the distribution is
+installed (``pip install -e .`` for a checkout); an empty group means it is not, and the error says so.
+An entry point that fails to load, or loads without registering the recipe it is named after, is an
+error naming it: a broken recipe is never silently missing.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import os
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Callable, Sequence
 
 from hpcgpu.decomposition import choose_dims
 from hpcgpu.errors import ConfigurationError
 
-#: Packages whose ``scaling_recipe`` module is imported by :func:`scaling_recipes`, in this order.
-APP_PACKAGES = ("apps.stencil", "apps.md", "apps.train")
-RECIPES_ENV = "HPCGPU_SCALING_RECIPES"
+#: The entry-point group whose entries (``APP_NAME = "package.module"``) register the scaling recipes.
 ENTRY_POINT_GROUP = "hpcgpu.scaling_recipes"
 
 
@@ -90,36 +90,61 @@ def register_scaling_recipe(app_name: str, recipe: ScalingRecipe) -> None:
     _registry[app_name] = recipe
 
 
-def _import_recipe_module(name: str, optional: bool) -> None:
-    module = name if name.endswith(".scaling_recipe") else f"{name}.scaling_recipe"
+def _entry_point_text(entry_point) -> str:
+    distribution = getattr(entry_point, "dist", None)
+    owner = f" of {distribution.name} {distribution.version}" if distribution is not None else ""
+    return f"entry point {entry_point.name} = {entry_point.value!r}{owner} (group {ENTRY_POINT_GROUP})"
+
+
+def _load_entry_point(entry_point) -> None:
+    """Import the module an entry point names (it registers its recipes); check that it registered its own."""
     try:
-        importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        # Only a missing package or recipe module is tolerated, never a failing import inside the recipe.
-        if not optional or not (exc.name and module.startswith(exc.name)):
-            raise
+        entry_point.load()
+    except Exception as exc:
+        raise ConfigurationError(
+            f"{_entry_point_text(entry_point)} failed to load: {type(exc).__name__}: {exc}. Expected a module "
+            "that calls register_scaling_recipe; fix it, or reinstall or uninstall the distribution that "
+            "declares it") from exc
+    if entry_point.name not in _registry:
+        raise ConfigurationError(
+            f"{_entry_point_text(entry_point)} loaded, but registered no recipe named {entry_point.name!r} "
+            f"(registered: {', '.join(sorted(_registry)) or 'none'}). Expected the module to call "
+            f"register_scaling_recipe({entry_point.name!r}, ...): name the entry point after the app it registers")
 
 
 def scaling_recipes() -> dict[str, ScalingRecipe]:
-    """All registered recipes (discovering them on the first call), by app name."""
+    """All registered recipes (discovering the entry points on the first call), by app name.
+
+    Raises
+    ------
+    ConfigurationError
+        When an entry point of :data:`ENTRY_POINT_GROUP` fails to load or registers no recipe of its name.
+    """
     global _discovered
     if not _discovered:
         _discovered = True
-        for package in APP_PACKAGES:
-            _import_recipe_module(package, optional=True)
-        for name in filter(None, (part.strip() for part in os.environ.get(RECIPES_ENV, "").split(","))):
-            _import_recipe_module(name, optional=False)
-        for entry_point in metadata.entry_points(group=ENTRY_POINT_GROUP):
-            entry_point.load()
+        for entry_point in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            _load_entry_point(entry_point)
     return dict(_registry)
 
 
 def get_recipe(app_name: str) -> ScalingRecipe:
+    """The recipe registered as ``app_name``; ConfigurationError saying how to get one when there is none."""
     recipes = scaling_recipes()
-    if app_name not in recipes:
-        raise ConfigurationError(f"no scaling recipe for app {app_name!r}; registered: {', '.join(recipes) or 'none'}. "
-                                 f"Add one with hpcgpu.bench.recipes.register_scaling_recipe ({RECIPES_ENV})")
-    return recipes[app_name]
+    if app_name in recipes:
+        return recipes[app_name]
+    if not recipes:
+        raise ConfigurationError(
+            f"no scaling recipe for app {app_name!r}: no installed distribution declares the entry-point group "
+            f"{ENTRY_POINT_GROUP}. Expected hpcgpu installed (its pyproject.toml declares the recipes of "
+            f"apps.stencil, apps.md and apps.train); found hpcgpu imported from "
+            f"{Path(__file__).resolve().parents[1]} without that metadata (a checkout on PYTHONPATH only?). "
+            "Install it: pip install -e CHECKOUT (or pip install hpcgpu)")
+    raise ConfigurationError(
+        f"no scaling recipe for app {app_name!r}; registered: {', '.join(sorted(recipes))}. Add one: a module "
+        f"that calls register_scaling_recipe({app_name!r}, ...), declared in your pyproject.toml as "
+        f'[project.entry-points."{ENTRY_POINT_GROUP}"] {app_name} = "yourpackage.scaling_recipe", then '
+        "pip install your package")
 
 
 # -- helpers for planners --------------------------------------------------------------------------------

@@ -42,25 +42,12 @@ import threading
 from pathlib import Path
 
 from hpcgpu.checkpoint import identity, layout
+from hpcgpu.output.atomic import fsync_path
 
 #: Environment variable for test-only fault injection: ``POINT`` or ``POINT:RANK`` (see :func:`fault_point`).
 FAULT_VARIABLE = "HPCGPU_CHECKPOINT_FAULT"
 #: Exit code of a process killed by an injected fault.
 FAULT_EXIT_CODE = 86
-
-
-def fsync_path(path) -> None:
-    """Flush a file's (or a directory's) data and metadata to stable storage."""
-    flags = os.O_RDONLY | (os.O_DIRECTORY if Path(path).is_dir() and hasattr(os, "O_DIRECTORY") else 0)
-    descriptor = os.open(path, flags)
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        # Some file systems refuse fsync on directories (EINVAL); their renames are durable anyway.
-        if not Path(path).is_dir():
-            raise
-    finally:
-        os.close(descriptor)
 
 
 def rename_durably(source: Path, target: Path) -> None:

@@ -20,9 +20,10 @@ from typing import NamedTuple
 import numpy as np
 
 from hpcgpu.checkpoint import bulk, identity, layout
-from hpcgpu.checkpoint.filesystem import WriteBehind, fault_point, fsync_path
+from hpcgpu.checkpoint.filesystem import WriteBehind, fault_point
 from hpcgpu.checkpoint.integrity import crc32, iter_tiles, tile_slices
 from hpcgpu.checkpoint.replicated import replicated_digests, write_replicated
+from hpcgpu.output.atomic import fsync_path
 
 
 # ---------------------------------------------------------------------- index

@@ -3,7 +3,8 @@
 :func:`write_atomic` writes to a temporary file in the same directory, syncs it and renames it over
 the target, so a reader (or a restart) sees the previous version or the new one, never a truncated
 file. A failed write (a full disk) raises :class:`hpcgpu.errors.OutputError` naming the file and
-leaves the previous version in place.
+leaves the previous version in place. :func:`fsync_path` flushes a file or a directory (after a rename
+in it) to stable storage; the checkpoints and the record files use it too.
 """
 
 from __future__ import annotations
@@ -12,6 +13,20 @@ import os
 from pathlib import Path
 
 from hpcgpu.output.errors import output_error
+
+
+def fsync_path(path) -> None:
+    """Flush a file's (or a directory's) data and metadata to stable storage."""
+    flags = os.O_RDONLY | (os.O_DIRECTORY if Path(path).is_dir() and hasattr(os, "O_DIRECTORY") else 0)
+    descriptor = os.open(path, flags)
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        # Some file systems refuse fsync on directories (EINVAL); their renames are durable anyway.
+        if not Path(path).is_dir():
+            raise
+    finally:
+        os.close(descriptor)
 
 
 def write_atomic(path, data: bytes | str) -> None:

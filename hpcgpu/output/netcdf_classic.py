@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcgpu.checkpoint.filesystem import fsync_path
 from hpcgpu.errors import ConfigurationError
+from hpcgpu.output.atomic import fsync_path
 from hpcgpu.runtime.fault_injection import maybe_fail
 
 MAGIC = b"CDF\x02"           # classic format, 64-bit offsets

@@ -24,7 +24,7 @@ import os
 import shutil
 from pathlib import Path
 
-from hpcgpu.checkpoint.filesystem import fsync_path
+from hpcgpu.output.atomic import fsync_path
 from hpcgpu.output.errors import failure_errno, is_storage_failure, quiet_hdf5_teardown
 from hpcgpu.runtime.fault_injection import maybe_fail
 

@@ -39,7 +39,7 @@ import functools
 
 import numpy as np
 
-from hpcgpu.arch import on_stream
+from hpcgpu.runtime.streams import on_stream
 from hpcgpu.runtime.capture import capture_graph
 
 #: CUDA source that declares the device call; put it before kernels that set a condition.

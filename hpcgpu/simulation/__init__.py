@@ -4,6 +4,7 @@
 - :mod:`hpcgpu.simulation.field_model` -- :class:`FieldModel`, a Model over ping-pong Fields advanced by stencils
 - :mod:`hpcgpu.simulation.triggers`   -- when operations act (:class:`Periodic`, :class:`AtEnd` ...)
 - :mod:`hpcgpu.simulation.operations` -- NaN check, model output, progress, checkpoints
+- :mod:`hpcgpu.simulation.netcdf_output` -- :class:`NetCDFOutput`, any model's fields as CF netCDF records
 - :mod:`hpcgpu.simulation.driver`     -- :class:`Simulation`, the one run loop
 
 See ``docs/architecture.md`` for the loop order and ``docs/user-guide.md`` for a model built step by step.

@@ -16,7 +16,7 @@ from hpcgpu.app.checksum import fields_checksum
 from hpcgpu.app.cli import common_parser, positive_int
 from hpcgpu.app.environment import prepare_output
 from hpcgpu.app.main import run_app
-from hpcgpu.output.fields import NetCDFOutput
+from hpcgpu.simulation.netcdf_output import NetCDFOutput
 from hpcgpu.simulation import Model, Periodic, Simulation
 
 GLOBAL_SHAPE = (7, 11)   # odd sizes: uneven splits on 2-4 ranks
