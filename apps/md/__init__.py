@@ -16,7 +16,6 @@ Modules, one concept each:
 - :mod:`apps.md.thermo`      -- temperature, energies, pressure and LAMMPS-style thermo lines.
 - :mod:`apps.md.lammps_data` -- LAMMPS data files (atom_style atomic).
 - :mod:`apps.md.serial`      -- a serial driver: ``init`` and ``step`` over a state record.
-- :mod:`apps.md.bench`       -- GPU step benchmark (atom-steps per second).
 
 Arrays of one rank hold ``n_local`` owned atoms followed by ``n_ghost`` ghost atoms. Importing this
 package does no work (no Numba compilation, no CuPy import).

@@ -5,6 +5,12 @@ chunk's control words when the next chunk is launched, so the host queues steps 
 The one-GPU driver (:class:`apps.md.resident.ResidentSteps`) and the slab driver
 (:class:`apps.md.resident_slab.SlabResidentSteps`) subclass it; :data:`GRAPH_CONDITIONALS` and
 :func:`rebuild_skip` decide whether the [flag] kernels of a capture sit in CUDA graph IF nodes.
+
+The simulation driver calls the model's step once per step (:class:`hpcgpu.simulation.Simulation`); these
+chunks are how MD launches its steps, not the driver's graph windows (:func:`hpcgpu.simulation.driver.graph_window`,
+:class:`hpcgpu.app.graph.StepGraph`): a chunk's replay is checked one chunk later and run again after a capacity
+overflow, a growth drops every graph, and a graph's contents depend on where the chunk ends (energies on a thermo
+step). ``docs/architecture.md`` ("MD's chunked graphs") says what the driver would need to hold them.
 """
 
 from __future__ import annotations

@@ -60,6 +60,10 @@ class LennardJonesModel(Model):
 
     name = "lj"
     unit = "atom-steps/s"
+    #: The driver's CUDA graph windows never hold MD steps (``docs/architecture.md``, "MD's chunked graphs").
+    graph_unsupported = ("its steps launch CUDA graphs of their own (device-resident chunks whose replay is redone "
+                         "after a capacity overflow, apps.md.chunked_graphs; the halves of a step, apps.md.step_graph), "
+                         "chosen by the MD options --resident and --graph")
 
     def __init__(self, comm, arch, state, atoms, config, options, final_step: int, setup_seconds: float = 0.0):
         self.comm, self.arch, self.state, self.atoms, self.config = comm, arch, state, atoms, config

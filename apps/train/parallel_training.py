@@ -1,17 +1,18 @@
-"""Hybrid data x tensor x pipeline training: the entry point an app calls.
+"""Hybrid data x tensor x pipeline training: this rank's part of the model and its optimiser step.
 
-::
+:class:`ParallelTrainer` holds one rank's stage of the model, its optimiser state and pipeline
+engine; :meth:`ParallelTrainer.step` is one optimiser step. The app runs those steps through the
+simulation driver (:class:`apps.train.parallel_model.ParallelTrainingModel` under
+:class:`hpcgpu.simulation.Simulation`: ``python -m apps.train --model residual-mlp
+--tensor-parallel 2 --pipeline-parallel 2``), which brings the loader, evaluations, checkpoints and
+the summary. Built by hand::
 
     comm = hpcgpu.Communicator()
     grid = make_grid(comm, tensor_size=2, pipeline_size=2)          # D = n_ranks / 4
     spec = MLPSpec(n_inputs=40, n_classes=10, width=256, hidden=1024, depth=8)
     runner = ParallelTrainer(grid, spec, TrainConfig(precision="fp32", global_batch_size=256),
                              micro_batches=8, schedule="1f1b")
-    with ShardedLoader(source, 256, seed, rank=grid.data_rank, n_ranks=grid.data_size) as loader:
-        for _ in range(steps):
-            batch = loader.next()
-            metrics = runner.step(batch.x, batch.y, batch.sample_index)
-    print(grid.describe(), runner.pipeline_report())
+    metrics = runner.step(x_local, y_local, sample_index_local)   # this data replica's share of a batch
 
 One optimiser step (:meth:`ParallelTrainer.step`):
 
@@ -384,18 +385,3 @@ class ParallelTrainer:
         lo, hi = self.sync.owned_range(self.parallel_model.model.n_params)
         return (f"optimiser state: {n_bytes} bytes on this rank (ZeRO-1: parameters [{lo}, {hi}) of "
                 f"{self.parallel_model.model.n_params}, 1/{self.grid.data_size} over the data replicas)")
-
-
-def train_steps(runner, loader, n_steps):
-    """Run ``n_steps`` of ``runner`` (a :class:`ParallelTrainer`) on ``loader``'s batches.
-
-    Returns
-    -------
-    list of float
-        The global mean loss of every step (the same on every rank).
-    """
-    losses = []
-    for _ in range(n_steps):
-        batch = loader.next()
-        losses.append(runner.step(batch.x, batch.y, batch.sample_index).loss)
-    return losses

@@ -1,4 +1,4 @@
-"""Single-process training loop: an init function and a step function over a state.
+"""Single-process training: an init function and a step function over a state.
 
 Order of one optimiser step (:func:`train_step`)
 ------------------------------------------------
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._backend import array_module, to_numpy
-from .data import global_batches, shard_bounds
+from .data import shard_bounds
 from .layers import ForwardContext
 from .loss import count_correct, softmax_cross_entropy
 from .optim import WarmupCosineSchedule, clip_factor, grad_sum_of_squares, make_optimizer
@@ -329,41 +329,6 @@ def evaluate(trainer, state, x, y, batch_size=1000):
         for layer in model.layers:
             layer.release()
     return loss_total, correct / n_samples
-
-
-def fit(trainer, state, dataset, n_steps, eval_every=0, xp=np, log_fn=None):
-    """Train one process for ``n_steps`` on a :class:`apps.train.data.Dataset`.
-
-    Epochs roll over automatically (global shuffle from ``(seed, epoch)``,
-    incomplete last batch dropped). Returns a history dict with lists
-    ``step``, ``loss``, ``test_loss``, ``test_accuracy`` (evaluated every
-    ``eval_every`` steps and at the end).
-    """
-    config = trainer.config
-    x_train, y_train = xp.asarray(dataset.x), xp.asarray(dataset.y)
-    x_test, y_test = xp.asarray(dataset.x_test), xp.asarray(dataset.y_test)
-    n_train = int(x_train.shape[0])
-    batches_per_epoch = n_train // config.global_batch_size
-    history = {"step": [], "loss": [], "test_loss": [], "test_accuracy": []}
-    sample_index = xp.arange(config.global_batch_size, dtype=xp.int64)
-    epoch_cache = (None, None)
-    for _ in range(n_steps):
-        epoch, batch_number = divmod(state.step, batches_per_epoch)
-        if epoch_cache[0] != epoch:
-            epoch_cache = (epoch, global_batches(n_train, config.global_batch_size,
-                                                 config.seed, epoch))
-        indices = xp.asarray(epoch_cache[1][batch_number])
-        metrics = train_step(trainer, state, x_train[indices], y_train[indices], sample_index)
-        history["step"].append(state.step)
-        history["loss"].append(metrics.loss)
-        if (eval_every and state.step % eval_every == 0) or state.step == n_steps:
-            test_loss, accuracy = evaluate(trainer, state, x_test, y_test)
-            history["test_loss"].append(test_loss)
-            history["test_accuracy"].append(accuracy)
-            if log_fn is not None:
-                log_fn(f"step {state.step}: loss {metrics.loss:.4f}, test loss {test_loss:.4f}, "
-                       f"test accuracy {accuracy:.4f}")
-    return history
 
 
 def state_arrays(state):

@@ -11,8 +11,8 @@ walls at y = 0 and y = Ly. Every function works on *padded local arrays* -- the 
 tile plus ``w`` ghost cells on each side -- so the same code runs on one rank or as one tile of a
 decomposed domain; nothing here knows about MPI. The model fills ghosts with one halo exchange
 (x-periodicity, tile neighbours) whose boundary conditions are the walls
-(``hpcgpu.halo.free_slip_channel_walls()``, bitwise :func:`fill_channel_boundaries`, which one-tile
-code such as the demo uses), then calls :func:`swe_stage`.
+(``hpcgpu.halo.free_slip_channel_walls()``, bitwise :func:`fill_channel_boundaries`, for one-tile
+code such as the tests' references), then calls :func:`swe_stage`.
 
 Grid
 ----
@@ -50,7 +50,6 @@ Modules
 ``timestep``             :func:`stable_dt`, :func:`stability_rate`, :func:`check_dt`, :func:`ssp_rk3_step`
 ``initial_conditions``   ``jet``, ``geostrophic``, ``gaussian``, :func:`fill_initial_state`
 ``diagnostics``          :func:`local_diagnostics` (mass, energy, potential enstrophy)
-``demo``                 single-rank run of the default jet: ``python -m apps.stencil.swe.demo``
 """
 
 from apps.stencil.swe.boundaries import fill_channel_boundaries

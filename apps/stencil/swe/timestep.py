@@ -121,7 +121,7 @@ def ssp_rk3_step(
 ) -> None:
     """Advance ``state`` = (h, u, v) by one SSP-RK3 step over ``region``, in place; returns None.
 
-    A convenience for one tile that fills its own ghosts (tests, the single-rank demo); the app
+    A convenience for one tile that fills its own ghosts (the tests' one-tile references); the app
     splits each stage into interior and rim around its own halo exchange instead.
 
     Parameters

@@ -3,6 +3,9 @@
     python -m pytest tests/apps/md/test_md_gpu.py -m gpu -q
 """
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -168,7 +171,10 @@ def test_float32_fast_path_tracks_float64(cupy):
 
 
 def test_benchmark_runs(cupy):
-    from apps.md import bench
-
+    """``benchmarks/md_serial_step.py`` (the one-process GPU step benchmark) at a tiny size."""
+    spec = importlib.util.spec_from_file_location(
+        "md_serial_step", Path(__file__).resolve().parents[3] / "benchmarks" / "md_serial_step.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
     result = bench.benchmark_step(cells=6, steps=5, warmup_steps=2)
     assert result["n_atoms"] == 864 and result["atom_steps_per_second"] > 0

@@ -1,4 +1,5 @@
-"""Shared set-up of the data-parallel tests: a small learnable problem and a training run."""
+"""Shared set-up of the training tests: a small learnable problem and training runs (data-parallel, and
+the steps of a D x T x P :class:`~apps.train.parallel_training.ParallelTrainer`)."""
 
 import numpy as np
 
@@ -51,6 +52,23 @@ def train_curve(comm, n_steps, global_batch, accum_steps=1, zero=0, precision="f
             batch = loader.next()
             losses.append(train_step(trainer, state, batch.x, batch.y, batch.sample_index, sync).loss)
     return np.array(losses), to_numpy(state.precision.master_params).copy(), sync
+
+
+def train_steps(runner, loader, n_steps):
+    """Run ``n_steps`` of ``runner`` (a :class:`~apps.train.parallel_training.ParallelTrainer`) on
+    ``loader``'s batches; the app runs the same steps through the simulation driver
+    (:class:`apps.train.parallel_model.ParallelTrainingModel`).
+
+    Returns
+    -------
+    list of float
+        The global mean loss of every step (the same on every rank).
+    """
+    losses = []
+    for _ in range(n_steps):
+        batch = loader.next()
+        losses.append(runner.step(batch.x, batch.y, batch.sample_index).loss)
+    return losses
 
 
 def gpu_arch_or_skip(comm):

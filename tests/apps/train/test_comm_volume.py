@@ -14,14 +14,14 @@ those of the MPI sender.
 import numpy as np
 import pytest
 
-from distributed_cases import synthetic_data
+from distributed_cases import synthetic_data, train_steps
 from test_tensor_parallel import SPEC, fake_grid, train_config
 
 from apps.train.comm_volume import (blocks_in_stage, communication_report, computed_max_volume,
                                     computed_volume, format_bytes, ring_allreduce_factor)
 from apps.train.loader import ArraySource, ShardedLoader
 from apps.train.parallel_grid import make_grid
-from apps.train.parallel_training import ParallelTrainer, train_steps
+from apps.train.parallel_training import ParallelTrainer
 from apps.train.params import init_flat_parameters
 from apps.train.pipeline import PipelineEngine
 from apps.train.pipeline_transport import MpiPointToPoint

@@ -19,13 +19,13 @@ import h5py
 import numpy as np
 import pytest
 
-from distributed_cases import gpu_arch_or_skip, synthetic_data
+from distributed_cases import gpu_arch_or_skip, synthetic_data, train_steps
 from test_tensor_parallel import LOSS_TOLERANCE, SPEC, NoCollectives, fake_grid, relative, train_config
 
 import hpcgpu
 from apps.train.loader import ArraySource, ShardedLoader
 from apps.train.parallel_grid import make_grid
-from apps.train.parallel_training import ParallelTrainer, build_parallel_model, train_steps
+from apps.train.parallel_training import ParallelTrainer, build_parallel_model
 from apps.train.shard_map import shard_pieces, tensor_map
 from apps.train.sharded_checkpoint import ShardedCheckpoint, logical_state
 from apps.train.tensor_parallel import MLPSpec

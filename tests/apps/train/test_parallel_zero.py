@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 
 import hpcgpu
-from distributed_cases import gpu_arch_or_skip, synthetic_data
+from distributed_cases import gpu_arch_or_skip, synthetic_data, train_steps
 from test_parallel_checkpoint import (BATCH, LOADER_SEED, SAVE_AT, STEPS, assert_states_equal,
                                       remove_directory, shared_directory)
 from test_tensor_parallel import LOSS_TOLERANCE, SPEC, NoCollectives, fake_grid, relative, train_config
 
 from apps.train.loader import ArraySource, ShardedLoader
 from apps.train.parallel_grid import make_grid
-from apps.train.parallel_training import ParallelTrainer, build_parallel_model, train_steps
+from apps.train.parallel_training import ParallelTrainer, build_parallel_model
 from apps.train.shard_map import owned_pieces
 from apps.train.sharded_checkpoint import ShardedCheckpoint, logical_state
 from apps.train.zero import shard_ranges

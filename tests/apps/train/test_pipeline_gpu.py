@@ -22,13 +22,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distributed_cases import gpu_arch_or_skip, synthetic_data
+from distributed_cases import gpu_arch_or_skip, synthetic_data, train_steps
 from test_comm_volume import assert_measured_equals_computed
 from test_tensor_parallel import LOSS_TOLERANCE, SPEC, relative, train_config
 
 from apps.train.loader import ArraySource, ShardedLoader
 from apps.train.parallel_grid import make_grid
-from apps.train.parallel_training import ParallelTrainer, train_steps
+from apps.train.parallel_training import ParallelTrainer
 from apps.train.pipeline_transport import NcclPointToPoint
 
 pytestmark = pytest.mark.gpu

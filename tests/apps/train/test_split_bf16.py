@@ -27,14 +27,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distributed_cases import gpu_arch_or_skip, synthetic_data
+from distributed_cases import gpu_arch_or_skip, synthetic_data, train_steps
 from test_comm_volume import assert_measured_equals_computed
 from test_tensor_parallel import SPEC, relative, train_config
 from test_train_parallel_app import SPLIT, run_app
 
 from apps.train.loader import ArraySource, ShardedLoader
 from apps.train.parallel_grid import make_grid
-from apps.train.parallel_training import ParallelTrainer, train_steps
+from apps.train.parallel_training import ParallelTrainer
 
 STEPS = 50
 #: a split grid's bf16 loss curve against the 1 x 1 x 1 bf16 one (see the module docstring)

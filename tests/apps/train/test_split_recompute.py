@@ -10,7 +10,7 @@ one that stores every activation -- in fp64 and in bf16, on every grid.
 import numpy as np
 import pytest
 
-from distributed_cases import synthetic_data
+from distributed_cases import synthetic_data, train_steps
 from test_comm_volume import assert_measured_equals_computed
 from test_tensor_parallel import SPEC, train_config
 from test_train_parallel_app import SPLIT, run_app
@@ -18,7 +18,7 @@ from test_train_parallel_app import SPLIT, run_app
 from apps.train.comm_volume import blocks_in_stage
 from apps.train.loader import ArraySource, ShardedLoader
 from apps.train.parallel_grid import make_grid
-from apps.train.parallel_training import ParallelTrainer, train_steps
+from apps.train.parallel_training import ParallelTrainer
 
 STEPS = 20
 

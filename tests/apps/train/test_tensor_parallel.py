@@ -14,13 +14,12 @@ counted twice in the norm) changes the loss in the 3rd-4th digit at the latest a
 import numpy as np
 import pytest
 
-from distributed_cases import N_CLASSES, N_FEATURES, synthetic_data
+from distributed_cases import N_CLASSES, N_FEATURES, synthetic_data, train_steps
 
 from apps.train.layers import ForwardContext
 from apps.train.loader import ArraySource, ShardedLoader
 from apps.train.parallel_grid import ParallelGrid, check_grid, grid_coordinates, make_grid
-from apps.train.parallel_training import (ParallelTrainer, build_parallel_model,
-                                          init_parallel_parameters, train_steps)
+from apps.train.parallel_training import ParallelTrainer, build_parallel_model, init_parallel_parameters
 from apps.train.params import init_flat_parameters
 from apps.train.sequential import Sequential
 from apps.train.tensor_parallel import (ColumnParallelLinear, MLPSpec, RowParallelLinear,

@@ -1,23 +1,31 @@
-"""GPU step benchmark: atom-steps per second of :func:`apps.md.serial.step` on an fcc LJ liquid.
+"""GPU step benchmark: atom-steps per second of the one-process MD step (``apps.md.serial.step``) on an
+fcc LJ liquid.
 
-The system is LAMMPS ``bench/in.lj`` scaled: fcc at reduced density 0.8442, T = 1.44, plain cut 2.5,
-skin 0.3, dt = 0.005. Timing uses CuPy events around ``steps`` steps (rebuilds included) after a warm-up
-that compiles the kernels. Run it on a GPU machine::
+The shared kernels alone, without the app around them (no decomposition, ghosts from periodic images,
+no thermo output, checkpoints or summary): ``python -m apps.md`` measures the app's own steps through
+the simulation driver. The system is LAMMPS ``bench/in.lj`` scaled: fcc at reduced density 0.8442,
+T = 1.44, plain cut 2.5, skin 0.3, dt = 0.005. Timing uses CuPy events around ``steps`` steps (rebuilds
+included) after a warm-up that compiles the kernels. Run it on a GPU machine, from the repository root::
 
-    python -m apps.md.bench --cells 80 --steps 100 --dtype float32     # 2,048,000 atoms
-    python -m apps.md.bench --cells 20 --steps 100 --dtype float32     # 32,000 atoms
+    python benchmarks/md_serial_step.py --cells 80 --steps 100 --dtype float32     # 2,048,000 atoms
+    python benchmarks/md_serial_step.py --cells 20 --steps 100 --dtype float32     # 32,000 atoms
 
-Prints one line per run and returns a dict (also written as JSON with ``--json FILE``).
+Prints one line per run (also written as JSON with ``--json FILE``); :func:`benchmark_step` returns
+the numbers as a dict.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 
-from . import lattice, potential, serial
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from apps.md import lattice, potential, serial  # noqa: E402
 
 
 def benchmark_step(cells: int = 20, steps: int = 100, dtype: str = "float32", warmup_steps: int = 10,
@@ -58,7 +66,7 @@ def benchmark_step(cells: int = 20, steps: int = 100, dtype: str = "float32", wa
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description="Benchmark the GPU LJ MD step (atom-steps per second).")
+    parser = argparse.ArgumentParser(prog="benchmarks/md_serial_step.py", description="Benchmark the GPU LJ MD step (atom-steps per second).")
     parser.add_argument("--cells", type=int, nargs="+", default=[20, 80], help="fcc unit cells per axis")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
