@@ -45,6 +45,7 @@ from hpcgpu.errors import DecompositionError
 from hpcgpu.particles.device_ghosts import gather_ghosts, pack_rows, select_send_rows
 from hpcgpu.particles.messages import exchange_counts, exchange_rows, exchange_rows_into
 from hpcgpu.transport import Message, collectives
+from hpcgpu.transport.planned_exchange import PlannedExchange
 
 # MPI tags (each plus the message's index per peer, at most 25): a build's counts and positions, the
 # refreshes, and carried array number a at _CARRIED_TAG + 32 * a.
@@ -243,8 +244,10 @@ class GhostExchange:
             offset += count
         self.send_buffer = cupy.empty((offset, 3), dtype=self.dtype)
         self.receive_buffer = cupy.empty((max(n_received, 1), 3), dtype=self.dtype)
-        # The buffers never change until the next build: cut the refresh's messages once.
-        self._forward_messages = self._row_messages(self.send_buffer, self.receive_buffer)
+        # The buffers never change until the next build: the refresh's messages are resolved once.
+        self._forward_exchange = PlannedExchange(self.movers, *self._row_messages(self.send_buffer,
+                                                                                  self.receive_buffer),
+                                                 tag=_FORWARD_TAG)
 
     def _pack(self, positions) -> np.ndarray:
         """Owned rows to send, shifted (NumPy), shape (n_send, 3)."""
@@ -275,9 +278,9 @@ class GhostExchange:
         """GPU refresh: pack remote rows, one exchange, one gather kernel; all on the current stream."""
         if self.remote_sends or self.remote_receives:
             pack_rows(positions, self.remote_send_index, self.remote_send_shift, self.send_buffer)
-            # nccl: one group queued on the stream (wait() has nothing to do); MPI: the stream is
-            # synchronised, and the received rows land on it before wait() returns.
-            self.movers.send_receive(*self._forward_messages, tag=_FORWARD_TAG)
+            # nccl: one group queued on the stream, no host synchronisation; MPI: the stream is
+            # synchronised, and the received rows land on it before run() returns.
+            self._forward_exchange.run()
         gather_ghosts(positions, self.n_local, self.gather_source, self.gather_shift, self.receive_buffer)
 
     def _row_messages(self, send, received) -> tuple[list, list]:

@@ -7,6 +7,8 @@
   itself;
 - the slab driver, whose steps are CUDA graphs holding their exchanges, refuses a job transport that a graph
   cannot hold (checked on the CPU with the ``mpi-staged`` choice, whose collectives need no GPU to build);
+- the planned exchange of the ghost refresh (messages resolved once) moves the buffers' current contents
+  on every run (here through the host collectives; on NCCL the same resolved group every step);
 - ``gather_by_id`` (MPI Gatherv through the host collectives) gives rank 0 every atom exactly once.
 """
 
@@ -57,6 +59,25 @@ def test_row_exchange_pairs_messages_in_listing_order(comm):
     assert [r.shape for r in received] == [e.shape for e in expected]
     for got, wanted in zip(received, expected):
         assert np.array_equal(got, wanted)
+
+
+@pytest.mark.mpi(ranks=[1, 3], timeout=60)
+def test_planned_exchange_moves_current_contents_on_every_run(comm):
+    from hpcgpu.transport import collectives
+    from hpcgpu.transport.planned_exchange import PlannedExchange
+
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    outgoing = [np.zeros(4), np.zeros(0), np.zeros(3)]
+    incoming = [np.full(4, -1.0), np.zeros(0), np.full(3, -1.0)]
+    plan = PlannedExchange(collectives(comm, on_device=False), [(outgoing[0], right), (outgoing[1], right),
+                                                                 (outgoing[2], right)],
+                           [(buffer, left) for buffer in incoming], tag=300)
+    for step in range(3):
+        for index, buffer in enumerate(outgoing):
+            buffer[...] = 100 * step + 10 * comm.rank + index + np.arange(buffer.size) / 10
+        plan.run()
+        for index, buffer in enumerate(incoming):
+            assert np.array_equal(buffer, 100 * step + 10 * left + index + np.arange(buffer.size) / 10)
 
 
 @pytest.mark.mpi(ranks=[2], timeout=60)
