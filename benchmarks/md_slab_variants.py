@@ -24,17 +24,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 class _AllreduceTimes:
-    """The NCCL communicator with every allReduce issued ``times`` times (idempotent: a min of one word)."""
+    """The driver's device collectives with every allreduce issued ``times`` times (idempotent: a min of one
+    word in place)."""
 
-    def __init__(self, nccl, times):
-        self._nccl, self._times = nccl, times
+    def __init__(self, movers, times):
+        self._movers, self._times = movers, times
 
-    def allReduce(self, *args):   # noqa: N802 -- NCCL's name
+    def allreduce(self, *args, **kwargs):
         for _ in range(self._times):
-            self._nccl.allReduce(*args)
+            result = self._movers.allreduce(*args, **kwargs)
+        return result
 
     def __getattr__(self, name):
-        return getattr(self._nccl, name)
+        return getattr(self._movers, name)
 
 
 def _exchange_times(steps, method_name, times):
@@ -65,10 +67,10 @@ def apply(steps, variant):
     chunked_graphs.GRAPH_CONDITIONALS = variant != "no IF nodes"   # the [flag] kernels as plain graph nodes
     for name in ("_record_migration", "_record_ghost_exchange", "_record_ghost_lists"):
         steps.__dict__.pop(name, None)
-    if isinstance(steps.nccl, _AllreduceTimes):
-        steps.nccl = steps.nccl._nccl
+    if isinstance(steps.movers, _AllreduceTimes):
+        steps.movers = steps.movers._movers
     if variant == "allreduce twice":
-        steps.nccl = _AllreduceTimes(steps.nccl, 2)
+        steps.movers = _AllreduceTimes(steps.movers, 2)
     if variant == "migrant NCCL twice":
         steps._record_migration = _exchange_times(steps, "_record_migration", 2)
     if variant == "no migration":

@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpcgpu.transport import collectives
+
 from ._arrays import array_module, to_numpy
 from .distributed_state import DistributedState, _forces, _NoTimers, check_interval, init, owned_arrays, rebuild, restore
 from .integrate import langevin_forces, nose_hoover_half_step, velocity_verlet_first_half, velocity_verlet_second_half
@@ -273,10 +275,9 @@ def gather_by_id(state: DistributedState, root: int = 0) -> dict | None:
     see one canonical form.
     """
     settle(state)
-    parts = state.domain.comm.mpi.gather(owned_arrays(state), root=root)
-    if parts is None:
+    merged = _gather_rows(state.domain.comm, owned_arrays(state), root)
+    if merged is None:
         return None
-    merged = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
     order = np.argsort(merged["atom_ids"], kind="stable")
     merged = {name: values[order] for name, values in merged.items()}
     box = state.box.astype(merged["positions"].dtype)
@@ -287,6 +288,24 @@ def gather_by_id(state: DistributedState, root: int = 0) -> dict | None:
     merged["positions"] = positions
     merged["images"] = (merged["images"] + crossings.astype(np.int32) + at_edge.astype(np.int32)).astype(np.int32)
     return merged
+
+
+def _gather_rows(comm, arrays: dict, root: int) -> dict | None:
+    """Collective: each host array of ``arrays`` concatenated over the ranks in rank order on ``root``
+    (None elsewhere). The row counts travel as small host values, the rows by MPI Gatherv through the
+    host collectives of the job's transport."""
+    movers = collectives(comm, on_device=False)
+    rows = comm.mpi.allgather([len(values) for values in arrays.values()])   # per rank, per array
+    merged = {}
+    for number, (name, values) in enumerate(arrays.items()):
+        values = np.ascontiguousarray(values)
+        per_row = int(np.prod(values.shape[1:], dtype=np.int64))
+        counts = [int(rank_rows[number]) * per_row for rank_rows in rows]
+        out = None
+        if comm.rank == root:
+            out = np.empty((sum(rank_rows[number] for rank_rows in rows),) + values.shape[1:], dtype=values.dtype)
+        merged[name] = movers.gatherv(values, out, counts, root=root)
+    return merged if comm.rank == root else None
 
 
 def _nose_hoover_scale(state, config, timers):

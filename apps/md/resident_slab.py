@@ -64,7 +64,8 @@ import weakref
 import numpy as np
 
 from hpcgpu.runtime.capture import when_not_capturing
-from hpcgpu.transport.nccl import nccl_communicator
+from hpcgpu.errors import BackendError
+from hpcgpu.transport import collectives
 
 from . import forces as forces_module
 from . import integrate, resident_kernels, resident_slab_kernels, watch
@@ -130,7 +131,13 @@ class SlabResidentSteps(SlabCapacities, SlabExchange, ChunkedGraphSteps):
         self.chunk = int(config.check_interval) if config.check_interval is not None else DEFAULT_CHUNK
         domain = state.domain
         self.comm = domain.comm
-        self.nccl = nccl_communicator(self.comm)
+        # The job's device collectives (NCCL: slab_problems refuses the others): queued on the stream,
+        # capturable in the chunks' graphs.
+        self.movers = collectives(self.comm, on_device=True)
+        if not self.movers.capturable:
+            raise BackendError(f"the slab driver's steps are CUDA graphs holding their exchanges: it needs the nccl "
+                               f"transport, this job's is {self.movers.name}; choose --transport nccl, or run "
+                               "the default driver (--resident off)")
         self.axis = axis = slab_axis(domain)
         dtype = state.positions.dtype
         self.real = dtype.type
@@ -307,9 +314,6 @@ class SlabResidentSteps(SlabCapacities, SlabExchange, ChunkedGraphSteps):
     def _record_step(self, energy: bool, mark=None) -> None:
         """Queue one whole step (the chain in the module docstring). ``mark(name)``, if given, is called after
         each part (benchmarks/md_slab_profile.py records CUDA events there; never inside a capture)."""
-        import cupy
-        from cupy.cuda import nccl
-
         mark = mark or (lambda name: None)
         config = self.config
         dtype = self.positions.dtype
@@ -323,8 +327,8 @@ class SlabResidentSteps(SlabCapacities, SlabExchange, ChunkedGraphSteps):
                 self.positions, self.velocities, self.forces, self.masses, np.int32(rows), dtype.type(config.dt),
                 self.reference, np.float64((0.5 * config.skin) ** 2), np.int32(0), self.watch, self.counter, active))
         mark("begin + first half")
-        stream = cupy.cuda.get_current_stream().ptr
-        self.nccl.allReduce(self.watch.data.ptr, self.watch.data.ptr, 1, nccl.NCCL_INT32, nccl.NCCL_MIN, stream)
+        flag = self.watch[:1]
+        self.movers.allreduce(flag, out=flag, op="min")   # on the current stream, in place, capturable
         mark("allreduce of the flag")
         skip = self._skip   # IF nodes in a capture: the [flag] kernels skipped on steps without a rebuild
         if self.peer_exchange:

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from hpcgpu.errors import ConfigurationError, HaloError
+from hpcgpu.transport import collectives
 
 from .neighbors import GROWTH, NeighborList
 from .chunked_graphs import _phase
@@ -66,11 +67,9 @@ class SlabCapacities:
         return needed
 
     def _global_max(self, needed) -> np.ndarray:
-        """Collective: the element-wise largest of every rank's ``needed`` (int64, shape (8,))."""
-        from mpi4py import MPI
-
-        self.comm.mpi.Allreduce(MPI.IN_PLACE, needed, op=MPI.MAX)
-        return needed
+        """Collective: the element-wise largest of every rank's ``needed`` (int64, shape (8,)), in place
+        (host collectives of the job's transport: MPI)."""
+        return collectives(self.comm, on_device=False).allreduce(needed, out=needed, op="max")
 
     @staticmethod
     def _check_peer_timeout(needed) -> None:

@@ -5,8 +5,9 @@ capacities). Two ways, chosen once (:meth:`SlabExchange._choose_exchange`; see t
 :mod:`apps.md.resident_slab`): **peer** -- the pack kernels store straight into the neighbours' arrays,
 mapped with CUDA IPC (:mod:`hpcgpu.transport.peer_memory`), then ``slab_signal`` / ``slab_wait``
 order the stores (device-side sequence numbers, only on rebuild steps for migrants, with a time-out);
-**nccl** -- one NCCL group of fixed-size messages per exchange
-(:func:`hpcgpu.transport.nccl.grouped_send_receive`). Both move the same bytes into the same rows.
+**nccl** -- one NCCL group of fixed-size messages per exchange, through the job's collectives
+(:meth:`hpcgpu.transport.NcclCollectives.exchange`: queued on the current stream, capturable). Both
+move the same bytes into the same rows.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import numpy as np
 
 from hpcgpu.errors import ConfigurationError
-from hpcgpu.transport.nccl import grouped_send_receive
 from hpcgpu.transport.peer_memory import export_addresses, on_every_rank, open_addresses, ready_for_peer_stores
 
 from ._arrays import THREADS_PER_BLOCK, blocks_for
@@ -168,26 +168,23 @@ class SlabExchange:
         neighbour, likewise ``per_side[1]`` with the high one. Each entry: (send, receive) or a list of them.
 
         Sends go high first, receives come from low first: with two slabs both neighbours are one rank,
-        NCCL matches a pair's messages in posting order (per direction), and this rank's high message is
-        that rank's message from low (and the other way round)."""
-        import cupy
-
+        messages between two ranks pair up in listing order (per direction: NCCL's rule, which every
+        transport follows), and this rank's high message is that rank's message from low (and the other
+        way round). Queued on the current stream (``self.movers`` is NCCL's: capturable, no host wait)."""
         sides = [entry if isinstance(entry, list) else [entry] for entry in per_side]
         sends = [(send, peer) for side, peer in ((1, self.peer["high"]), (0, self.peer["low"]))
                  for send, _ in sides[side]]
         receives = [(receive, peer) for side, peer in ((0, self.peer["low"]), (1, self.peer["high"]))
                     for _, receive in sides[side]]
-        grouped_send_receive(self.nccl, sends, receives, cupy.cuda.get_current_stream())
+        self.movers.send_receive(sends, receives)
 
     def _nccl_warm_up(self) -> None:
         """Eager NCCL calls before any capture: peer connections and collective channels are set up here
         (set-up inside a stream capture would fail)."""
         import cupy
-        from cupy.cuda import nccl
 
-        stream = cupy.cuda.get_current_stream().ptr
         probe = cupy.zeros(1, dtype=cupy.int32)
-        self.nccl.allReduce(probe.data.ptr, probe.data.ptr, 1, nccl.NCCL_INT32, nccl.NCCL_MIN, stream)
+        self.movers.allreduce(probe, out=probe, op="min")   # on the current stream, as the step's flag
         if not self.peer_exchange:
             self._exchange([(self.migrants_out[side], self.migrants_in[side]) for side in range(2)])
         cupy.cuda.get_current_stream().synchronize()

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from hpcgpu.transport.nccl import nccl_available
+from hpcgpu.transport import collectives
 
 from . import resident_slab_kernels
 from ._arrays import raw_kernel
@@ -40,15 +40,19 @@ def slab_axis(domain) -> int | None:
 
 
 def slab_problems(state, config) -> list:
-    """Why the slab driver cannot run ``state`` on several ranks (an empty list: it can). Same on every rank."""
+    """Why the slab driver cannot run ``state`` on several ranks (an empty list: it can). Same on every rank.
+
+    Collective on a GPU (the job's device collectives are built on first use)."""
     domain = state.domain
     problems = []
     axis = slab_axis(domain)
     if axis is None:
         problems.append(f"several ranks need a slab decomposition (ranks on one axis only, e.g. --dims "
                         f"{domain.comm.size},1,1); this one is {'x'.join(map(str, domain.dims))}")
-    if state.is_gpu and not nccl_available():
-        problems.append("several GPUs need NCCL (cupy.cuda.nccl)")
+    if state.is_gpu:
+        movers = collectives(domain.comm, on_device=True)
+        if not movers.capturable:   # its steps are CUDA graphs that hold the exchanges and the flag's allreduce
+            problems.append(f"several GPUs need the nccl transport (this job's is {movers.name})")
     width = config.ghost_width
     for other in range(3):
         if other == axis:

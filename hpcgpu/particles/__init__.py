@@ -12,14 +12,17 @@ particles of neighbouring sub-boxes (or periodic images of its own) that lie wit
     ...
     ghosts.forward(all_positions)                                      # other steps: positions only
 
-Messages go to the 26 face/edge/corner neighbours directly, with counts first (Isend/Irecv over MPI).
-A rank that is its own neighbour (one block along a periodic axis) copies locally; with two blocks along
-an axis the same rank is both the lower and the upper neighbour and receives two messages, told apart
-by their tags. With CuPy arrays ghost lists are built and refreshed on the device, between ranks with
-NCCL (:mod:`~hpcgpu.particles.device_ghosts`); migration stages the leaving rows through the host.
+Messages go to the 26 face/edge/corner neighbours directly, counts first, through the job's transport
+(:func:`hpcgpu.transport.collectives`: MPI for NumPy arrays; NCCL, CUDA-aware or host-staged MPI for
+CuPy arrays, as the job chose). A rank that is its own neighbour (one block along a periodic axis)
+copies locally; with two blocks along an axis the same rank is both the lower and the upper neighbour
+and receives two messages, told apart by the order in which both sides list them. With CuPy arrays
+ghost lists are built and refreshed on the device (:mod:`~hpcgpu.particles.device_ghosts`) and
+migrating rows stay on the device; only the leaving positions visit the host, where their owners are
+decided.
 
 Modules: :mod:`~hpcgpu.particles.domain` (sub-boxes, owners, neighbours and their periodic shifts),
-:mod:`~hpcgpu.particles.messages` (counts-first point-to-point exchange),
+:mod:`~hpcgpu.particles.messages` (counts-first exchange of rows through the transport),
 :mod:`~hpcgpu.particles.migration` (:func:`migrate`), :mod:`~hpcgpu.particles.ghosts`
 (:class:`GhostExchange`).
 """

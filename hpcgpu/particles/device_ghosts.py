@@ -14,11 +14,11 @@ Refresh (every other step): every ghost row is either a periodic image of an own
 rank (``source >= 0``: ``positions[source] + shift``) or a row received from another rank
 (``source < 0``: row ``-source - 1`` of the receive buffer). One gather kernel writes all ghost rows::
 
-    pack (remote sends only) -> NCCL group of sends/receives -> gather (self images + received rows)
+    pack (remote sends only) -> exchange of the job's transport -> gather (self images + received rows)
 
-On one rank (every neighbour is the rank itself) the refresh is that single gather kernel.
-NCCL point-to-point runs on the current stream, in the order of the kernels around it: nothing
-synchronises the host.
+On one rank (every neighbour is the rank itself) the refresh is that single gather kernel. On the
+``nccl`` transport the exchange is one NCCL group on the current stream, in the order of the kernels
+around it: nothing synchronises the host (the MPI transports synchronise the stream before sending).
 """
 
 from __future__ import annotations

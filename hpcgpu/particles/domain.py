@@ -146,8 +146,8 @@ class ParticleDomain:
     subbox : SubBox -- this rank's region
     edges : list of 3 numpy arrays -- block boundaries per axis, ``edges[a][0] = 0``, ``edges[a][-1] = L``
     neighbors : list of 26 :class:`Neighbor`, in a fixed order (the same on every rank)
-    mpi : mpi4py communicator used for particle messages (the decomposition's Cartesian communicator,
-        so its tags never match other traffic)
+    mpi : the decomposition's Cartesian mpi4py communicator -- its process grid (coordinates to ranks);
+        its ranks are those of ``comm``, through whose transport particle messages travel
     """
 
     def __init__(self, comm, box, min_width: float, dims=None):

@@ -20,14 +20,19 @@ least ``width`` wide (:class:`~hpcgpu.particles.ParticleDomain` guarantees it; a
 error suggesting fewer ranks). Ghosts are ordered by direction, then by the sender's order.
 
 ``forward`` is LAMMPS' ``comm->forward_comm``: only positions travel, with the message sizes known from
-the build. Its cost per step is one gather + shift on the sender, one MPI message per direction and one
-contiguous write on the receiver. With CuPy arrays everything stays on the device
-(:mod:`hpcgpu.particles.device_ghosts`): the build selects rows with one kernel and a prefix sum; a
-refresh is one gather kernel for periodic images of this rank's own particles plus, between ranks, one
-NCCL group of sends and receives when the job's transport is ``nccl`` (:func:`use_nccl`; with
-``mpi-staged`` or ``mpi-cuda``, host-staged MPI instead). Builds
-between ranks send the 26 counts by MPI and the rows by NCCL, like a refresh (the host-staged MPI
-build remains for NumPy arrays and without NCCL).
+the build. Its cost per step is one gather + shift on the sender, one message per direction and one
+contiguous write on the receiver.
+
+Every message between ranks goes through the job's transport (:func:`hpcgpu.transport.collectives`,
+:mod:`hpcgpu.particles.messages`): the 26 counts of a build as host integers, the rows in the
+positions' kind of memory. With NumPy arrays that is MPI. With CuPy arrays everything stays on the
+device (:mod:`hpcgpu.particles.device_ghosts`): the build selects rows with one kernel and a prefix
+sum; a refresh is one pack kernel for the rows other ranks need, one exchange of those rows, and one
+gather kernel for periodic images of this rank's own particles and the received rows. On ``nccl`` the
+exchange is one NCCL group queued on the current stream (nothing synchronises the host); on
+``mpi-cuda`` and ``mpi-staged`` the stream is synchronised and MPI moves the rows (device pointers, or
+pinned host copies). A build's rows travel the same way, like a refresh. On one rank nothing travels:
+the ghosts are that gather kernel alone.
 Ghost arrays are allocated to the exact sizes exchanged at each build, so nothing can overflow.
 """
 
@@ -35,14 +40,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcgpu.arch import is_device_array
+from hpcgpu.arch import array_module, is_device_array
 from hpcgpu.errors import DecompositionError
 from hpcgpu.particles.device_ghosts import gather_ghosts, pack_rows, select_send_rows
-from hpcgpu.particles.messages import exchange, exchange_into
-from hpcgpu.transport.nccl import grouped_send_receive, nccl_communicator, nccl_message
-from hpcgpu.transport.selection import select_transport_for
+from hpcgpu.particles.messages import exchange_counts, exchange_rows, exchange_rows_into
+from hpcgpu.transport import Message, collectives
+from hpcgpu.transport.planned_exchange import PlannedExchange
 
-_GHOST_TAG = 7100  # + direction index (0..25); carried arrays use _CARRIED_TAG + 32 * array + direction
+# MPI tags (each plus the message's index per peer, at most 25): a build's counts and positions, the
+# refreshes, and carried array number a at _CARRIED_TAG + 32 * a.
+_GHOST_TAG = 7100
+_FORWARD_TAG = 7164
 _CARRIED_TAG = 7200
 
 
@@ -64,6 +72,9 @@ class GhostExchange:
     positions : array, shape (n_ghost, 3) -- ghost positions (in this rank's frame, shifts applied)
     carried : dict of name -> array with ``n_ghost`` rows
     send_counts, receive_counts : list of 26 int -- per direction of :attr:`ParticleDomain.neighbors`
+    sources : list of 26 int -- the rank whose direction-k message arrives here (the neighbour at ``-k``)
+    movers : hpcgpu.transport.Collectives or None -- what moves the rows (None on one rank with CuPy
+        arrays: nothing travels)
     """
 
     def __init__(self, domain, positions, width: float, carried: dict | None = None):
@@ -77,8 +88,8 @@ class GhostExchange:
         self.n_local = int(positions.shape[0])
         self.dtype = np.dtype(positions.dtype)
         self.is_cupy = is_device_array(positions)
-        xp = self._xp()
-        me = domain.mpi.Get_rank()
+        xp = array_module(positions)
+        me = domain.comm.rank
         lower, upper = domain.subbox.lower, domain.subbox.upper
         if self.is_cupy:
             # One flag kernel + prefix sum on the device: same rows, same order as the host loop below.
@@ -104,13 +115,16 @@ class GhostExchange:
                                          dtype=self.dtype)
         self.send_offsets = np.concatenate([[0], np.cumsum(self.send_counts)]).astype(np.int64)
         # Direction k is sent to neighbors[k].rank; the matching message arrives from the rank in
-        # direction -k (the one for which this rank lies in direction k), with the same tag.
+        # direction -k (the one for which this rank lies in direction k). Both sides list their messages
+        # in direction order, so the k-th message between two ranks pairs with the k-th.
         index_of = {n.offset: k for k, n in enumerate(domain.neighbors)}
         self.sources = [domain.neighbors[index_of[tuple(-d for d in n.offset)]].rank for n in domain.neighbors]
+        self.destinations = [n.rank for n in domain.neighbors]
         self.all_local = all(n.rank == me for n in domain.neighbors)
         if self.all_local and self.is_cupy:
-            # Every message goes to this rank itself: direction k's ghosts are its send rows (same tag),
-            # so the ghosts are a device gather -- nothing travels through the host.
+            # Every message goes to this rank itself: direction k's ghosts are its send rows, so the
+            # ghosts are a device gather -- nothing travels.
+            self.movers = None
             self.receive_counts = list(self.send_counts)
             self.receive_offsets = self.send_offsets.copy()
             self.n_ghost = int(self.receive_offsets[-1])
@@ -119,42 +133,45 @@ class GhostExchange:
                             for name, values in (carried or {}).items()}
             self._plan_device_forward()
             return
-        if self.is_cupy and use_nccl(domain.comm):   # collective: the job's transport, chosen once
+        # Collective on the first call of a job for device arrays: the job's transport, chosen once.
+        self.movers = collectives(domain.comm, on_device=self.is_cupy)
+        if self.is_cupy:
             self._build_on_device(positions, carried or {})
             return
         packed = self._pack(positions)
-        sends = [(n.rank, _GHOST_TAG + k, packed[self.send_offsets[k]:self.send_offsets[k + 1]])
-                 for k, n in enumerate(domain.neighbors)]
-        receives = [(source, _GHOST_TAG + k) for k, source in enumerate(self.sources)]
-        received = exchange(domain.mpi, sends, receives, self.dtype, (3,))
+        received = exchange_rows(domain.comm, self.movers,
+                                 list(zip(self._by_direction(packed, self.send_offsets), self.destinations)),
+                                 self.sources, self.dtype, (3,), _GHOST_TAG)
         self.receive_counts = [len(buffer) for buffer in received]
         self.receive_offsets = np.concatenate([[0], np.cumsum(self.receive_counts)]).astype(np.int64)
         self.n_ghost = int(self.receive_offsets[-1])
-        host_positions = np.concatenate(received) if received else np.zeros((0, 3), self.dtype)
-        self.positions = xp.ascontiguousarray(xp.asarray(host_positions))
+        self.positions = np.ascontiguousarray(np.concatenate(received) if received else np.zeros((0, 3), self.dtype))
         self.carried = {}
         for number, (name, values) in enumerate((carried or {}).items()):
-            host = values[self.send_index]
-            host = host.get() if self.is_cupy else np.asarray(host)
-            sends = [(n.rank, _CARRIED_TAG + 32 * number + k, host[self.send_offsets[k]:self.send_offsets[k + 1]])
-                     for k, n in enumerate(domain.neighbors)]
-            receives = [(source, _CARRIED_TAG + 32 * number + k) for k, source in enumerate(self.sources)]
-            parts = exchange(domain.mpi, sends, receives, host.dtype, host.shape[1:])
-            self.carried[name] = xp.ascontiguousarray(xp.asarray(np.concatenate(parts)))
-        if self.is_cupy:
-            self._plan_device_forward()
+            rows = np.asarray(values[self.send_index])
+            ghost_rows = np.empty((self.n_ghost,) + rows.shape[1:], dtype=rows.dtype)
+            exchange_rows_into(domain.comm, self.movers,
+                               list(zip(self._by_direction(rows, self.send_offsets), self.destinations)),
+                               list(zip(self._by_direction(ghost_rows, self.receive_offsets), self.sources)),
+                               _CARRIED_TAG + 32 * number)
+            self.carried[name] = ghost_rows
+
+    @staticmethod
+    def _by_direction(rows, offsets) -> list:
+        """The 26 contiguous blocks ``rows[offsets[k]:offsets[k + 1]]`` of a direction-ordered array."""
+        return [rows[offsets[k]:offsets[k + 1]] for k in range(len(offsets) - 1)]
 
     def _build_on_device(self, positions, carried: dict) -> None:
-        """GPU build between ranks: the 26 counts travel by MPI, the rows by NCCL (no host staging).
+        """GPU build between ranks: the 26 counts travel as host integers, the rows on the device through
+        the job's transport (no host staging on ``nccl``).
 
         The ghost rows are then exactly what :meth:`forward` would write: the owned positions go
-        through one refresh, and each carried array through the same NCCL pattern without shifts.
+        through one refresh, and each carried array through the same messages without shifts.
         """
         import cupy
 
-        counts = exchange_into_counts(self.domain.mpi, self.send_counts,
-                                      [n.rank for n in self.domain.neighbors], self.sources)
-        self.receive_counts = counts
+        self.receive_counts = exchange_counts(self.domain.comm, self.send_counts, self.destinations, self.sources,
+                                              _GHOST_TAG)
         self.receive_offsets = np.concatenate([[0], np.cumsum(self.receive_counts)]).astype(np.int64)
         self.n_ghost = int(self.receive_offsets[-1])
         self._plan_device_forward()
@@ -162,9 +179,10 @@ class GhostExchange:
         padded[:self.n_local] = positions
         self._forward_device(padded)
         self.positions = padded[self.n_local:]
-        self.carried = {name: self._ghost_rows_of(values) for name, values in carried.items()}
+        self.carried = {name: self._ghost_rows_of(values, _CARRIED_TAG + 32 * number)
+                        for number, (name, values) in enumerate(carried.items())}
 
-    def _ghost_rows_of(self, values):
+    def _ghost_rows_of(self, values, tag: int):
         """Ghost rows of a per-particle device array ``values`` (n_local, ...): same sources as the
         positions, no periodic shift (build only: two host synchronisations for the masks)."""
         import cupy
@@ -175,7 +193,7 @@ class GhostExchange:
         n_received = sum(count for _, _, count in self.remote_receives)
         received = cupy.empty((max(n_received, 1),) + row_shape, dtype=values.dtype)
         if self.remote_sends or self.remote_receives:
-            grouped_send_receive(self.nccl, *self._row_messages(send, received), cupy.cuda.get_current_stream())
+            self.movers.send_receive(*self._row_messages(send, received), tag=tag)
         source = self.gather_source
         rows = cupy.empty((self.n_ghost,) + row_shape, dtype=values.dtype)
         own = source >= 0
@@ -187,13 +205,11 @@ class GhostExchange:
         """Index maps of :meth:`forward` on the GPU (see :mod:`hpcgpu.particles.device_ghosts`).
 
         Ghost rows from this rank itself gather ``positions[source] + shift``; rows from other ranks
-        arrive by NCCL in one receive buffer (``source = -1 - row``). Without NCCL, remote rows keep the
-        host-staged MPI path.
+        arrive in one receive buffer (``source = -1 - row``), through the job's transport.
         """
         import cupy
 
-        me = self.domain.mpi.Get_rank()
-        self.nccl = None
+        me = self.domain.comm.rank
         if self.all_local:
             self.gather_source, self.gather_shift = self.send_index, self.send_shift
             self.remote_sends, self.remote_receives = [], []
@@ -204,7 +220,7 @@ class GhostExchange:
         for k, neighbor in enumerate(self.domain.neighbors):
             start, stop = int(self.receive_offsets[k]), int(self.receive_offsets[k + 1])
             send_start, send_stop = int(self.send_offsets[k]), int(self.send_offsets[k + 1])
-            if self.sources[k] == me:   # a periodic image of this rank's own particles (same tag k)
+            if self.sources[k] == me:   # a periodic image of this rank's own particles (direction k's own rows)
                 sources.append(self.send_index[send_start:send_stop])
                 shifts.append(self.send_shift[send_start:send_stop])
             else:
@@ -216,7 +232,7 @@ class GhostExchange:
                 remote_sends.append((neighbor.rank, send_start, send_stop - send_start))
         self.gather_source = cupy.ascontiguousarray(cupy.concatenate(sources))
         self.gather_shift = cupy.ascontiguousarray(cupy.concatenate(shifts))
-        # Remote sends are packed into one buffer, in direction order (the order NCCL matches them).
+        # Remote sends are packed into one buffer, in direction order (the order the messages pair up in).
         send_rows = [cupy.arange(start, start + count, dtype=cupy.int64) for _, start, count in remote_sends]
         rows = cupy.concatenate(send_rows) if send_rows else cupy.zeros(0, cupy.int64)
         self.remote_send_index = cupy.ascontiguousarray(self.send_index[rows])
@@ -228,22 +244,14 @@ class GhostExchange:
             offset += count
         self.send_buffer = cupy.empty((offset, 3), dtype=self.dtype)
         self.receive_buffer = cupy.empty((max(n_received, 1), 3), dtype=self.dtype)
-        if use_nccl(self.domain.comm):
-            self.nccl = nccl_communicator(self.domain.comm)   # collective: every rank builds its exchange here
-            # The buffers never change until the next build: resolve the refresh's messages once.
-            self._forward_messages = self._row_messages(self.send_buffer, self.receive_buffer)
-
-    def _xp(self):
-        if self.is_cupy:
-            import cupy
-
-            return cupy
-        return np
+        # The buffers never change until the next build: the refresh's messages are resolved once.
+        self._forward_exchange = PlannedExchange(self.movers, *self._row_messages(self.send_buffer,
+                                                                                  self.receive_buffer),
+                                                 tag=_FORWARD_TAG)
 
     def _pack(self, positions) -> np.ndarray:
-        """Owned rows to send, shifted, as one host array (n_send, 3)."""
-        packed = positions[self.send_index] + self.send_shift
-        return packed.get() if self.is_cupy else packed
+        """Owned rows to send, shifted (NumPy), shape (n_send, 3)."""
+        return positions[self.send_index] + self.send_shift
 
     def forward(self, positions) -> None:
         """Collective: refresh the ghost rows ``positions[n_local:]`` from their owners. Returns None.
@@ -257,56 +265,32 @@ class GhostExchange:
                 f"GhostExchange.forward: expected positions of shape ({self.n_local + self.n_ghost}, 3) and dtype "
                 f"{self.dtype}, found {tuple(positions.shape)} {np.dtype(positions.dtype)}; rebuild the exchange "
                 "after migration")
-        if self.is_cupy and (self.all_local or self.nccl is not None):
+        if self.is_cupy:
             self._forward_device(positions)
             return
         packed = self._pack(positions[:self.n_local])
-        if self.is_cupy:
-            target = np.empty((self.n_ghost, 3), dtype=self.dtype)
-        else:
-            target = positions[self.n_local:]   # contiguous rows: receive straight into the array
-        sends = [(n.rank, _GHOST_TAG + k, packed[self.send_offsets[k]:self.send_offsets[k + 1]])
-                 for k, n in enumerate(self.domain.neighbors)]
-        receives = [(source, _GHOST_TAG + k, target[self.receive_offsets[k]:self.receive_offsets[k + 1]])
-                    for k, source in enumerate(self.sources)]
-        exchange_into(self.domain.mpi, sends, receives)
-        if self.is_cupy:
-            positions[self.n_local:] = self._xp().asarray(target)
+        target = positions[self.n_local:]   # contiguous rows: receive straight into the array
+        exchange_rows_into(self.domain.comm, self.movers,
+                           list(zip(self._by_direction(packed, self.send_offsets), self.destinations)),
+                           list(zip(self._by_direction(target, self.receive_offsets), self.sources)), _FORWARD_TAG)
 
     def _forward_device(self, positions) -> None:
-        """GPU refresh: pack remote rows, one NCCL group, one gather kernel; all on the current stream."""
+        """GPU refresh: pack remote rows, one exchange, one gather kernel; all on the current stream."""
         if self.remote_sends or self.remote_receives:
-            import cupy
-
             pack_rows(positions, self.remote_send_index, self.remote_send_shift, self.send_buffer)
-            grouped_send_receive(self.nccl, *self._forward_messages, cupy.cuda.get_current_stream())
+            # nccl: one group queued on the stream, no host synchronisation; MPI: the stream is
+            # synchronised, and the received rows land on it before run() returns.
+            self._forward_exchange.run()
         gather_ghosts(positions, self.n_local, self.gather_source, self.gather_shift, self.receive_buffer)
 
     def _row_messages(self, send, received) -> tuple[list, list]:
-        """The NCCL messages (sends, receives) of the remote rows of ``send`` out and ``received`` in.
+        """The messages (sends, receives) of the remote rows of ``send`` out and ``received`` in.
 
-        Both in direction order: NCCL matches messages between two ranks in posting order, and both
+        Both in direction order: the messages between two ranks pair up in listing order, and both
         sides enumerate the same directions in the same order. Empty directions are left out (the
         peer leaves out its matching message too: the counts were exchanged at the build).
         """
-        receives = [nccl_message(received[start:start + count], peer)
+        receives = [Message(received[start:start + count], peer)
                     for peer, start, count in self.remote_receives if count]
-        sends = [nccl_message(send[start:start + count], peer) for peer, start, count in self.remote_sends if count]
+        sends = [Message(send[start:start + count], peer) for peer, start, count in self.remote_sends if count]
         return sends, receives
-
-
-def exchange_into_counts(mpi, send_counts, destinations, sources) -> list:
-    """Collective: the 26 per-direction row counts, sent to ``destinations[k]`` with tag k and received
-    from ``sources[k]``; returns the received counts (list of int) in direction order."""
-    outgoing = [np.array([count], dtype=np.int64) for count in send_counts]
-    incoming = [np.zeros(1, dtype=np.int64) for _ in sources]
-    exchange_into(mpi, [(rank, _GHOST_TAG + k, outgoing[k]) for k, rank in enumerate(destinations)],
-                  [(rank, _GHOST_TAG + k, incoming[k]) for k, rank in enumerate(sources)])
-    return [int(count[0]) for count in incoming]
-
-
-def use_nccl(comm) -> bool:
-    """Collective on first use: True if ghost exchanges of CuPy arrays between ranks go through NCCL,
-    i.e. the job's GPU transport (:func:`hpcgpu.transport.select_transport`) is ``nccl`` -- the
-    automatic choice where CuPy has NCCL. ``mpi-staged`` and ``mpi-cuda`` keep the host-staged MPI path."""
-    return select_transport_for(comm, is_gpu=True) == "nccl"

@@ -1,65 +1,119 @@
-"""Point-to-point exchange with neighbours: counts first, then payloads (MPI Isend/Irecv on host arrays).
+"""Counts-first exchange of particle rows with neighbours, through the job's transport.
 
-A message is identified by its peer and a tag. Particle code uses the tag to tell apart several messages
-between the same two ranks (with two blocks along a periodic axis the lower and the upper neighbour are
-the same rank). Messages a rank sends to itself are copied locally, never through MPI.
+How many particles leave a sub-box, or lie near one of its faces, only the sender knows. A particle
+exchange therefore sends the row counts first, as host integers, then the rows themselves into
+buffers of exactly the announced size. Both go through :func:`hpcgpu.transport.collectives`: the
+counts through the host collectives (MPI), the rows through the collectives of their kind of buffer --
+MPI for NumPy arrays, the job's GPU transport for CuPy arrays (NCCL on the current stream, CUDA-aware
+or host-staged MPI)::
 
-Both functions are collective over the ranks that appear as peers: every send must be matched by a
-receive with the same tag on the peer (the particle modules guarantee it by construction).
+    movers = collectives(domain.comm, on_device=is_device_array(rows))
+    received = exchange_rows(domain.comm, movers, sends=[(rows_for_left, left), ...],
+                             sources=[right, ...], dtype=rows_for_left.dtype, row_shape=(3,), tag=7001)
+
+Matching: the messages between two ranks pair up in the order each side lists them, separately for
+each direction (:mod:`hpcgpu.transport.messages`). The particle modules list one message per direction
+of :attr:`ParticleDomain.neighbors`, in that fixed order, on both sides; with two blocks along a
+periodic axis the lower and the upper neighbour are the same rank and the order tells the two messages
+apart. A message a rank sends to itself (one block along a periodic axis) is copied locally, never
+handed to the transport; an empty message is left out on both sides alike (the counts agree).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from hpcgpu.errors import ConfigurationError
+from hpcgpu.transport import collectives
+from hpcgpu.transport.messages import Message, resolve_messages
 
-def exchange_into(mpi, sends, receives) -> None:
-    """Send ``sends`` and receive into preallocated buffers, in place. Returns None.
+#: Rows travel with tags this far above the counts' (a rank lists at most 26 messages per peer).
+ROW_TAG_OFFSET = 32
+
+
+def _split_local(comm, sends, receives) -> tuple[list, list, list]:
+    """(remote sends, remote receives, local (send, receive) pairs) of two message lists; empty
+    messages are dropped from the remote lists (the peer drops its matching one too)."""
+    me = comm.rank
+    sends, receives = resolve_messages(sends), resolve_messages(receives)
+    local_sends = [m.array for m in sends if m.peer == me]
+    local_receives = [m.array for m in receives if m.peer == me]
+    if len(local_sends) != len(local_receives):
+        raise ConfigurationError(f"{len(local_sends)} message(s) to this rank itself but {len(local_receives)} "
+                                 "from it; expected one receive for each send to itself")
+    remote_sends = [m for m in sends if m.peer != me and m.array.size]
+    remote_receives = [m for m in receives if m.peer != me and m.array.size]
+    return remote_sends, remote_receives, list(zip(local_sends, local_receives))
+
+
+def exchange_rows_into(comm, movers, sends, receives, tag: int) -> None:
+    """Collective over the peers: send ``sends`` and receive into ``receives``, in place. Returns None.
 
     Parameters
     ----------
-    mpi : mpi4py.MPI.Comm
-    sends : list of (peer, tag, numpy.ndarray) -- contiguous host buffers
-    receives : list of (peer, tag, numpy.ndarray) -- contiguous host buffers of exactly the incoming size
+    comm : hpcgpu.Communicator
+        The communicator whose ranks the peers are (``movers``'); this rank's own messages are copied.
+    movers : hpcgpu.transport.Collectives
+        ``collectives(comm, ...)`` of the buffers' kind.
+    sends, receives : sequence of (array, peer) or :class:`~hpcgpu.transport.Message`
+        Contiguous buffers; each receive exactly the size of the matching send (the k-th to a peer meets
+        that peer's k-th from this rank).
+    tag : int
+        Keeps this exchange apart from others on MPI (``tag + k`` for the k-th message to or from a peer).
+
+    Notes
+    -----
+    On the device the copies and messages are ordered on the current stream: NCCL queues there, the MPI
+    transports synchronise it and land the received rows on it before returning.
     """
-    from mpi4py import MPI
-
-    me = mpi.Get_rank()
-    local = {}
-    requests = []
-    for peer, tag, buffer in receives:
-        if peer != me:
-            requests.append(mpi.Irecv(buffer, source=peer, tag=tag))
-    for peer, tag, buffer in sends:
-        if peer == me:
-            local[tag] = buffer
-        else:
-            requests.append(mpi.Isend(buffer, dest=peer, tag=tag))
-    for peer, tag, buffer in receives:
-        if peer == me:
-            buffer[...] = local.pop(tag)
-    MPI.Request.Waitall(requests)
+    remote_sends, remote_receives, local = _split_local(comm, sends, receives)
+    if remote_sends or remote_receives:
+        movers.send_receive(sends=remote_sends, receives=remote_receives, tag=tag)
+    for send, receive in local:
+        receive[...] = send
 
 
-def exchange(mpi, sends, receives, dtype, row_shape=()) -> list:
-    """Counts first, then payloads: returns the received arrays, in the order of ``receives``.
+def exchange_counts(comm, counts, destinations, sources, tag: int) -> list[int]:
+    """Collective over the peers: ``counts[k]`` goes to ``destinations[k]``; returns the counts from
+    ``sources`` (list of int, in their order). Host integers through the host collectives."""
+    outgoing = [np.array([count], dtype=np.int64) for count in counts]
+    incoming = [np.zeros(1, dtype=np.int64) for _ in sources]
+    exchange_rows_into(comm, collectives(comm, on_device=False), list(zip(outgoing, destinations)),
+                       list(zip(incoming, sources)), tag)
+    return [int(count[0]) for count in incoming]
+
+
+def exchange_rows(comm, movers, sends, sources, dtype, row_shape, tag: int) -> list:
+    """Collective over the peers: counts first, then the rows. Returns the received arrays, in the order
+    of ``sources``.
 
     Parameters
     ----------
-    mpi : mpi4py.MPI.Comm
-    sends : list of (peer, tag, numpy.ndarray) -- arrays of shape (n_rows,) + row_shape and ``dtype``
-    receives : list of (peer, tag) -- one entry per message expected
-    dtype, row_shape : the element type and trailing shape of every message
+    comm : hpcgpu.Communicator
+    movers : hpcgpu.transport.Collectives
+        ``collectives(comm, ...)`` of the rows' kind (NumPy, or CuPy when ``movers.on_device``).
+    sends : list of (array, peer)
+        C-contiguous arrays of shape (n_rows,) + ``row_shape`` and ``dtype``.
+    sources : list of int
+        The rank each expected message comes from (one entry per message).
+    dtype, row_shape : numpy.dtype, tuple of int
+        The element type and trailing shape of every message.
+    tag : int
+        The counts use ``tag``, the rows ``tag +`` :data:`ROW_TAG_OFFSET` (each plus the message's index
+        per peer).
 
     Returns
     -------
-    list of numpy.ndarray, shape (n_rows_received,) + row_shape
+    list of arrays, shape (n_rows_received,) + row_shape
+        On the kind of memory ``movers`` moves.
     """
-    send_counts = [np.array([len(buffer)], dtype=np.int64) for _, _, buffer in sends]
-    receive_counts = [np.zeros(1, dtype=np.int64) for _ in receives]
-    exchange_into(mpi, [(peer, tag, count) for (peer, tag, _), count in zip(sends, send_counts)],
-                  [(peer, tag, count) for (peer, tag), count in zip(receives, receive_counts)])
-    buffers = [np.empty((int(count[0]),) + tuple(row_shape), dtype=dtype) for count in receive_counts]
-    exchange_into(mpi, [(peer, tag, np.ascontiguousarray(buffer, dtype=dtype)) for peer, tag, buffer in sends],
-                  [(peer, tag, buffer) for (peer, tag), buffer in zip(receives, buffers)])
-    return buffers
+    xp = np
+    if movers.on_device:
+        import cupy as xp
+    counts = exchange_counts(comm, [array.shape[0] for array, _ in sends], [peer for _, peer in sends], sources, tag)
+    received = [xp.empty((count,) + tuple(row_shape), dtype=dtype) for count in counts]
+    exchange_rows_into(comm, movers, sends, list(zip(received, sources)), tag + ROW_TAG_OFFSET)
+    return received
+
+
+__all__ = ["Message", "ROW_TAG_OFFSET", "exchange_counts", "exchange_rows", "exchange_rows_into"]

@@ -66,14 +66,16 @@ class MpiDeviceCollectives:
 
     # ------------------------------------------------------------------ staging
     def _buffer(self, slot, array):
-        """A pinned host array of ``array``'s shape and dtype, kept for ``slot`` and reused."""
-        key = (slot, tuple(array.shape), np.dtype(array.dtype).str)
+        """A pinned host array of ``array``'s shape and dtype: the front of one pinned buffer kept for
+        ``slot`` and dtype, grown when too small (messages whose sizes change, such as particle rows,
+        reuse it instead of pinning new memory for every size)."""
+        key = (slot, np.dtype(array.dtype).str)
         buffer = self._pinned.get(key)
-        if buffer is None:
+        if buffer is None or buffer.size < array.size:
             import cupyx
 
-            buffer = self._pinned[key] = cupyx.empty_pinned(array.shape, dtype=array.dtype)
-        return buffer
+            buffer = self._pinned[key] = cupyx.empty_pinned(max(int(array.size), 1), dtype=array.dtype)
+        return buffer[:array.size].reshape(array.shape)
 
     def _outbound(self, slot, array, stream):
         """What MPI reads for ``array``: the array itself, or (staged) a pinned copy queued on ``stream``

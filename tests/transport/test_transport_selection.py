@@ -95,7 +95,6 @@ def test_selection_precedence_and_one_choice_per_job(comm, monkeypatch):
 
 @pytest.mark.mpi(ranks=[1, 2])
 def test_device_collectives_and_particle_ghosts_read_the_same_choice(comm, monkeypatch):
-    from hpcgpu.particles.ghosts import use_nccl
     from hpcgpu.transport import collectives
     from hpcgpu.transport.device_collectives import MpiDeviceCollectives
 
@@ -104,14 +103,15 @@ def test_device_collectives_and_particle_ghosts_read_the_same_choice(comm, monke
     movers = collectives(staged, on_device=True)
     assert isinstance(movers, MpiDeviceCollectives) and movers.name == "mpi-staged"   # no CuPy needed to build it
     assert collectives(staged, on_device=True) is movers is staged.job_transport.collectives["device"]
-    assert not use_nccl(staged)
+    assert selection.select_transport_for(staged, is_gpu=True) == "mpi-staged"
     assert staged.job_transport.choices["gpu"] == selection.TransportChoice("mpi-staged", "environment")
     monkeypatch.setenv("HPCGPU_TRANSPORT", "nccl")
     nccl_job = fresh(comm)
-    assert use_nccl(nccl_job) and selection.transport_name(nccl_job, _Architecture(is_gpu=True)) == "nccl"
+    assert selection.select_transport_for(nccl_job, is_gpu=True) == "nccl"
+    assert selection.transport_name(nccl_job, _Architecture(is_gpu=True)) == "nccl"
     monkeypatch.setenv("HPCGPU_TRANSPORT", "mpi")   # host arrays only: wrong for device arrays
     with pytest.raises(BackendError, match="moves host arrays") as wrong:
-        use_nccl(fresh(comm))
+        collectives(fresh(comm), on_device=True)   # what particle ghosts and migration call
     assert wrong.value.replicated
 
 
