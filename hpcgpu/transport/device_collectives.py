@@ -181,3 +181,10 @@ class MpiDeviceCollectives:
     def send_receive(self, sends=(), receives=(), tag: int = 0, stream=None) -> None:
         """:meth:`exchange` and wait (the received data is queued for the device on the stream)."""
         self.exchange(sends, receives, tag, stream).wait()
+
+    # ------------------------------------------------------------------ MPI-only operations
+    def reduce_scatterv(self, send, out, counts, op: str = "sum", stream=None, element_type: str | None = None):
+        """:meth:`HostCollectives.reduce_scatterv <hpcgpu.transport.host_collectives.HostCollectives.reduce_scatterv>`
+        on device buffers (``MPI_Reduce_scatter``; NCCL has none). ``out`` must not overlap ``send``."""
+        _check_element_type(element_type)
+        return self._run(lambda s, o: self.host.reduce_scatterv(s, o, counts, op), send, out, stream)

@@ -85,6 +85,8 @@ class MpiRequests:
         self.requests, self.after = requests, after
 
     def test(self) -> bool:
+        """Whether every request has completed; never blocks. MPI libraries such as MPICH progress
+        non-blocking collectives only inside MPI calls: call this now and then while computing."""
         from mpi4py import MPI
 
         return bool(MPI.Request.Testall(self.requests))
@@ -137,12 +139,22 @@ class HostCollectives:
             self.comm.mpi.Allreduce(buffer_spec(send, reducing=True), buffer_spec(out, reducing=True), op=mpi_op)
         return out
 
-    def allreduce_start(self, send, out, op: str = "sum") -> "MpiRequests":
-        """Non-blocking :meth:`allreduce` into ``out`` (a different array): the handle's ``wait()``
-        completes it. ``send`` and ``out`` must stay untouched until then."""
+    def allreduce_start(self, send, out=None, op: str = "sum") -> "MpiRequests":
+        """Non-blocking :meth:`allreduce` (``MPI_Iallreduce``) into ``out`` (new if None; ``out is send``
+        reduces in place): the handle's ``wait()`` completes it, ``test()`` lets MPI progress it.
+        ``send`` and ``out`` must stay untouched until then."""
+        from mpi4py import MPI
+
         mpi_op = mpi_operator(op)
-        request = self.comm.mpi.Iallreduce(buffer_spec(_contiguous(send, "allreduce_start"), reducing=True),
-                                           buffer_spec(_contiguous(out, "allreduce_start"), reducing=True), op=mpi_op)
+        send = _contiguous(send, "allreduce_start")
+        if out is None:
+            out = np.empty_like(send)
+        if out is send:
+            request = self.comm.mpi.Iallreduce(MPI.IN_PLACE, buffer_spec(out, reducing=True), op=mpi_op)
+        else:
+            request = self.comm.mpi.Iallreduce(buffer_spec(send, reducing=True),
+                                               buffer_spec(_contiguous(out, "allreduce_start"), reducing=True),
+                                               op=mpi_op)
         handle = MpiRequests([request])
         handle.buffers = (send, out)   # alive until the reduction completes
         return handle
@@ -219,6 +231,25 @@ class HostCollectives:
     def send_receive(self, sends=(), receives=(), tag: int = 0, stream=None) -> None:
         """:meth:`exchange` and wait: every message has arrived (and every send buffer is free) on return."""
         self.exchange(sends, receives, tag, stream).wait()
+
+    # ------------------------------------------------------------------ MPI-only operations
+    # NCCL has no counterpart (training's ZeRO-1 needs it to stay bitwise MPI's own result on uneven
+    # shards); MpiDeviceCollectives offers it too.
+    def reduce_scatterv(self, send, out, counts, op: str = "sum", stream=None):
+        """Reduce ``send`` (``sum(counts)`` elements) over the ranks; rank r receives block r
+        (``counts[r]`` elements, blocks in rank order) in ``out``: ``MPI_Reduce_scatter``.
+
+        Bitwise MPI's own result, which is not in general that of :meth:`reduce_scatter` on the equal
+        part plus an :meth:`allreduce` of the rest (the library may add in another order). Returns ``out``.
+        """
+        mpi_op = mpi_operator(op)
+        counts = [int(c) for c in counts]
+        check_counts("reduce_scatterv", send.size, sum(counts), "send", "sum(counts)")
+        check_counts("reduce_scatterv", out.size, counts[self.rank], "out", "counts[rank]")
+        self.comm.mpi.Reduce_scatter(buffer_spec(_contiguous(send, "reduce_scatterv"), reducing=True),
+                                     buffer_spec(_contiguous(out, "reduce_scatterv"), reducing=True),
+                                     recvcounts=counts, op=mpi_op)
+        return out
 
 
 __all__ = ["HostCollectives", "Message", "MpiRequests", "OPERATORS", "buffer_spec", "mpi_datatype", "mpi_operator"]
