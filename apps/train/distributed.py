@@ -14,19 +14,23 @@ contiguous buckets of about ``bucket_mb`` MB (25 MB by default, as PyTorch DDP);
 as soon as a reported ``hi`` reaches the end of a bucket, that bucket's allreduce
 starts -- while backward continues with the earlier layers.
 
+Every bucket moves through the job's transport (:func:`hpcgpu.transport.collectives`):
+
 * GPU: record an event on the compute stream, make the high-priority
-  communication stream wait for it, ``ncclAllReduce`` (sum, in place) of the
-  bucket's slice on the communication stream, record a *done* event. The host
-  never blocks; :meth:`DataParallel.finish_gradients` makes the compute stream
-  wait for the last done event (one stream, so it covers all buckets), so the
-  optimiser kernels queue behind exactly the reductions they need.
+  communication stream wait for it, the transport's allreduce (sum, in place) of
+  the bucket's slice on the communication stream, record a *done* event. With
+  ``nccl`` the host never blocks; :meth:`DataParallel.finish_gradients` makes the
+  compute stream wait for the last done event (one stream, so it covers all
+  buckets), so the optimiser kernels queue behind exactly the reductions they need.
+  (``mpi-cuda`` and ``mpi-staged`` synchronise the communication stream per bucket.)
 * GPU with ``allreduce="peer"`` (2 GPUs of one node): the same events and streams,
   but the bytes move with the copy engines between CUDA-IPC-mapped buffers and one
   small add kernel sums each half (:mod:`apps.train.peer_reduce`): no NCCL kernels
   occupy SMs beside the backward GEMMs. Bitwise NCCL's result.
-* CPU: ``MPI_Iallreduce`` (in place) per bucket; every hook call also tests the
-  outstanding requests, which drives MPI's progress engine (MPICH makes progress
-  only inside MPI calls), and ``finish_gradients`` waits for all of them.
+* CPU: a non-blocking MPI allreduce (``MPI_Iallreduce`` in place, the transport's
+  ``allreduce_start``) per bucket; every hook call also tests the outstanding
+  requests, which drives MPI's progress engine (MPICH makes progress only inside
+  MPI calls), and ``finish_gradients`` waits for all of them.
 
 Overlap accounting (:meth:`DataParallel.overlap_stats`)
 --------------------------------------------------------
@@ -45,12 +49,13 @@ import time
 import numpy as np
 
 from hpcgpu.errors import ConfigurationError
-from hpcgpu.transport.nccl import has_nccl_communicator, nccl_communicator
+from hpcgpu.simulation import nccl_channel_limit
+from hpcgpu.transport import collectives, job_transport
 
 from ._backend import is_cupy, to_numpy
 from .data import shard_bounds
 from .peer_reduce import PeerBucketReducer, check_peer_reduce
-from .reducers import MpiBucketReducer, NcclBucketReducer, StreamBucketReducer, load_optimizer_slices
+from .reducers import DeviceBucketReducer, MpiBucketReducer, StreamBucketReducer, load_optimizer_slices
 from .zero import ZeroRedundancy
 
 #: Default bucket size in MB (10**6 bytes), PyTorch DDP's default.
@@ -126,7 +131,7 @@ class DataParallel:
         if is_cupy(grads) and self.allreduce == "peer":
             self._reducer = PeerBucketReducer(self.comm, self.arch, grads, self.buckets)
         elif is_cupy(grads):
-            self._reducer = NcclBucketReducer(self.comm, self.arch, grads.dtype)
+            self._reducer = DeviceBucketReducer(self.comm, self.arch, grads.dtype)
         else:
             self._reducer = MpiBucketReducer(self.comm, grads.dtype)
 
@@ -256,16 +261,18 @@ class DataParallel:
 
 
 def create_nccl_communicator(comm, arch, n_channels=0):
-    """Collective: create this job's NCCL communicator now, with at most ``n_channels`` channels.
+    """Collective: build this job's device collectives of ``comm`` now -- with the ``nccl``
+    transport, its NCCL communicator -- with at most ``n_channels`` NCCL channels.
 
     NCCL runs each collective as one thread block per *channel*; by default it takes
     as many as the links can use, and those blocks occupy SMs that the backward GEMMs
     running beside the bucket allreduces would otherwise use. Few channels lower the
     allreduce bandwidth but leave the compute kernels alone -- a win while the
     allreduce is hidden behind backward anyway. ``NCCL_MAX_NCHANNELS`` is read when a
-    communicator is created, so it is set just around the creation and restored
-    afterwards (NCCL may still keep the value for later communicators of this
-    process: another library's, e.g. PyTorch's, should be measured in its own process).
+    communicator is created, so :func:`hpcgpu.simulation.nccl_channel_limit` sets it just
+    around the creation and restores the environment afterwards (NCCL may still keep the
+    value for later communicators of this process: another library's, e.g. PyTorch's,
+    should be measured in its own process).
 
     Parameters
     ----------
@@ -277,19 +284,16 @@ def create_nccl_communicator(comm, arch, n_channels=0):
     Returns
     -------
     bool
-        True when the limit was applied to a new communicator.
+        True when the limit was applied to a new NCCL communicator.
     """
     if n_channels < 0:
         raise ValueError(f"NCCL channels: expected >= 0 (0 = NCCL's default), found {n_channels}")
     if (not n_channels or comm.size == 1 or not getattr(arch, "is_gpu", False)
-            or "NCCL_MAX_NCHANNELS" in os.environ or has_nccl_communicator(comm)):
+            or "NCCL_MAX_NCHANNELS" in os.environ or job_transport(comm).nccl_communicator is not None):
         return False
-    os.environ["NCCL_MAX_NCHANNELS"] = str(int(n_channels))
-    try:
-        nccl_communicator(comm)
-    finally:
-        del os.environ["NCCL_MAX_NCHANNELS"]
-    return True
+    with nccl_channel_limit(n_channels):
+        movers = collectives(comm, on_device=True)
+    return movers.name == "nccl"
 
 
 ALLREDUCE_KINDS = ("nccl", "peer")
@@ -311,8 +315,8 @@ def check_allreduce(comm, allreduce, is_gpu=None, zero_stage=0):
 def make_sync(comm, arch, zero_stage=0, bucket_mb=DEFAULT_BUCKET_MB, nccl_channels=0, allreduce="nccl"):
     """The gradient synchroniser for ``zero_stage`` 0 (:class:`DataParallel`) or 1 (ZeRO-1).
 
-    ``nccl_channels > 0`` creates the NCCL communicator first with that channel limit
-    (see :func:`create_nccl_communicator`). ``allreduce="peer"`` selects the copy-engine
+    ``nccl_channels > 0`` builds the device collectives first, NCCL's communicator with that
+    channel limit (see :func:`create_nccl_communicator`). ``allreduce="peer"`` selects the copy-engine
     bucket reduction of :mod:`apps.train.peer_reduce` (ZeRO 0, 2 GPUs of one node; no NCCL
     communicator is created for it).
     """

@@ -14,8 +14,8 @@ update bit for bit.
 Gradient clipping by the global norm is split in two so that the caller can sum
 across ranks/shards in between::
 
-    local = grad_sum_of_squares(grads_shard)
-    total = comm.allreduce(local)            # identity on one process
+    local = grad_sum_of_squares(grads_shard)   # a Python float
+    total = comm.allreduce(local)              # the Communicator's host sum; identity on one process
     factor, norm = clip_factor(total, max_norm)
     optimizer.step(..., grad_scale=factor)   # the factor is fused into the update
 """

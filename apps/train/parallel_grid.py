@@ -23,18 +23,18 @@ Nodes: :func:`make_grid` reads every rank's node (:func:`hpcgpu.decomposition_co
 the shared-memory split, or ``HPCGPU_SIMULATE_NODES`` to pretend) and records, per axis, whether every
 group along it lies inside one node; :meth:`ParallelGrid.describe` says so in the run header.
 
-On GPUs, :func:`prepare_device_communication` (collective, the same calls in the same order on every
-rank) gives every sub-communicator the job's transport and creates the NCCL communicators of the
-tensor and pipeline groups up front, instead of inside the first forward.
+Every byte between the ranks of a group moves through that group's collectives
+(:func:`hpcgpu.transport.collectives`). On GPUs, :func:`prepare_device_communication` (collective, the
+same calls in the same order on every rank) gives every sub-communicator the job's transport and builds
+the device collectives of the tensor and pipeline groups up front (with NCCL: their NCCL
+communicators), instead of inside the first forward.
 """
 
 from dataclasses import dataclass, field
 
 from hpcgpu.decomposition_comm import gather_node_of_rank
 from hpcgpu.errors import ConfigurationError
-from hpcgpu.transport import collectives
-from hpcgpu.transport.nccl import nccl_communicator
-from hpcgpu.transport.selection import select_transport, transport_choice
+from hpcgpu.transport import collectives, select_transport, transport_choice
 
 from .tensor_parallel import TensorGroup
 
@@ -98,11 +98,13 @@ class ParallelGrid:
     tensor_inside_node: bool
     node_of_rank: tuple = field(default=())
 
-    def tensor_group(self, collectives=None):
-        """The :class:`TensorGroup` of this rank; ``collectives`` defaults to ``self.tensor``
-        (MPI). On GPUs pass the tensor communicator's device collectives."""
-        return TensorGroup(self.tensor_rank, self.tensor_size,
-                           self.tensor if collectives is None else collectives)
+    def tensor_group(self, tensor_collectives=None):
+        """The :class:`TensorGroup` of this rank; ``tensor_collectives`` defaults to the tensor
+        communicator's host collectives (MPI on NumPy arrays). On GPUs pass its device collectives
+        (:func:`prepare_device_communication`)."""
+        if tensor_collectives is None and self.tensor_size > 1:
+            tensor_collectives = collectives(self.tensor, on_device=False)
+        return TensorGroup(self.tensor_rank, self.tensor_size, tensor_collectives)
 
     @property
     def is_first_stage(self):
@@ -189,15 +191,16 @@ def make_grid(comm, data_size=None, tensor_size=1, pipeline_size=1):
 
 def prepare_device_communication(grid, arch, zero_stage=0):
     """Collective over the world on GPUs (nothing on CPUs): the job's transport on every
-    sub-communicator and, with NCCL, the NCCL communicators of the tensor and pipeline groups
-    (and, with ``zero_stage=1``, of the data group, whose reduce-scatter and all-gather
-    :class:`~apps.train.zero.ZeroRedundancy` runs with NCCL).
+    sub-communicator and the device collectives (:func:`hpcgpu.transport.collectives`) of the
+    tensor and pipeline groups (and, with ``zero_stage=1``, of the data group, whose reduce-scatter
+    and all-gather :class:`~apps.train.zero.ZeroRedundancy` runs on them).
 
-    Every rank makes the same calls in the same order (tensor, pipeline, data, model; then NCCL for
-    tensor, then pipeline, then data under ZeRO-1), so each collective meets the same calls on the other members of its
-    group: NCCL communicators must be created collectively over their group, and a rank that
-    created its pipeline communicator first could wait for a tensor peer that waits for it.
-    Groups of one rank get no NCCL communicator (they never communicate).
+    Every rank makes the same calls in the same order (tensor, pipeline, data, model; then the
+    collectives of tensor, then pipeline, then data under ZeRO-1), so each collective meets the same
+    calls on the other members of its group: with NCCL, building a group's collectives creates its
+    NCCL communicator collectively over the group, and a rank that created its pipeline communicator
+    first could wait for a tensor peer that waits for it. Groups of one rank get none (they never
+    communicate).
 
     Parameters
     ----------
@@ -209,9 +212,9 @@ def prepare_device_communication(grid, arch, zero_stage=0):
     Returns
     -------
     object or None
-        The tensor group's device collectives (``allreduce(array, op)``: NCCL on the current
-        stream, or host-staged MPI) on GPUs with T > 1; None otherwise (the tensor
-        communicator's MPI allreduce serves NumPy arrays).
+        The tensor group's device collectives (NCCL on the current stream, or MPI through the
+        host or on device pointers) on GPUs with T > 1; None otherwise (on CPUs
+        :meth:`ParallelGrid.tensor_group` takes the tensor communicator's host collectives).
     """
     if not arch.is_gpu:
         return None   # CPUs: MPI on every communicator, nothing to choose or create
@@ -220,18 +223,15 @@ def prepare_device_communication(grid, arch, zero_stage=0):
     name = select_transport(grid.world, arch)
     for group in (grid.tensor, grid.pipeline, grid.data, grid.model):
         select_transport(group, arch, requested=name)
-    if name == "nccl":
-        # the data group last: without ZeRO its DataParallel creates the communicator on first use
-        for group in (grid.tensor, grid.pipeline) + ((grid.data,) if zero_stage else ()):
-            if group.size > 1:
-                nccl_communicator(group)
+    # the data group last: without ZeRO its DataParallel builds its collectives on first use
+    for group in (grid.tensor, grid.pipeline) + ((grid.data,) if zero_stage else ()):
+        if group.size > 1:
+            collectives(group, on_device=True)
     return collectives(grid.tensor, on_device=True) if grid.tensor_size > 1 else None
 
 
 def transport_note(grid, arch):
-    """How the tensor and pipeline groups move data, e.g. ``"nccl"``; local (for headers).
-
-    ``mpi`` on CPUs, ``nccl`` on GPUs with NCCL, else ``host-staged MPI`` (``mpi-cuda`` jobs too:
-    the allreduce and the pipeline sender copy through the host)."""
-    name = transport_choice(grid.world, arch).name
-    return name if name in ("mpi", "nccl") else "host-staged MPI"
+    """How the tensor and pipeline groups move data: the job's transport, e.g. ``"nccl"``; local
+    (for headers). ``mpi`` on CPUs; on GPUs ``nccl``, ``mpi-cuda`` (device pointers to a CUDA-aware
+    MPI) or ``mpi-staged`` (copies through pinned host memory)."""
+    return transport_choice(grid.world, arch).name

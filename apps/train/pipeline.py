@@ -12,7 +12,8 @@ backward of micro-batch ``m`` -- in the order of a schedule:
   ``min(P - s - 1, M)`` warm-up forwards, then alternates one forward and one backward, then drains
   the remaining backwards. Same bubble, but at most ``P - s`` micro-batches held.
 
-Messages go through a sender of :mod:`apps.train.pipeline_transport` (MPI on CPUs, NCCL on GPUs).
+Messages go through a sender of :mod:`apps.train.pipeline_transport` (the job's transport: MPI on
+CPUs, NCCL or MPI on GPUs).
 A send is posted together with the next receive from the same neighbour (1F1B's steady state:
 activation forward with the next gradient's receive, gradient backward with the next activation's
 receive) and alone otherwise, so that senders whose sends complete only when the peer receives
@@ -45,10 +46,10 @@ from .layers import ForwardContext
 from .loss import count_correct, softmax_cross_entropy
 from .pipeline_schedule import (SCHEDULES, bubble_fraction, gpipe_schedule, one_f_one_b_schedule,
                                 partition_stages, schedule_for, simulate_schedule)
-from .pipeline_transport import MpiPointToPoint
+from .pipeline_transport import ActivationShapes, PointToPoint
 from .precision import to_compute
 
-__all__ = ["SCHEDULES", "MpiPointToPoint", "PipelineEngine", "PipelineStepStats", "bubble_fraction",
+__all__ = ["SCHEDULES", "PipelineEngine", "PointToPoint", "PipelineStepStats", "bubble_fraction",
            "gpipe_schedule", "one_f_one_b_schedule", "partition_stages", "restore_activations",
            "schedule_for", "simulate_schedule", "stash_activations"]
 
@@ -147,21 +148,26 @@ class PipelineEngine:
     n_micro : int
         Micro-batches M per step.
     schedule : {"1f1b", "gpipe"}
-    point_to_point : MpiPointToPoint, NcclPointToPoint or StagedPointToPoint
+    point_to_point : PointToPoint
         The pipeline sender (:mod:`apps.train.pipeline_transport`); unused when
         ``n_stages == 1``.
     control : hpcgpu.Communicator
-        The pipeline communicator, for the one-time exchange of activation shapes (MPI is the
-        control plane; the data itself goes through ``point_to_point``).
-    """
+        The pipeline communicator, for the one-time message of the activation shape
+        (:class:`~apps.train.pipeline_transport.ActivationShapes`, host MPI: the control plane; the
+        data itself goes through ``point_to_point``).
 
-    SHAPE_TAG = 32000
+    Attributes
+    ----------
+    shapes : ActivationShapes or None
+        Sends and receives that shape (None without ``control``).
+    """
 
     def __init__(self, model, stage, n_stages, n_micro, schedule, point_to_point, control):
         self.model, self.stage, self.n_stages, self.n_micro = model, stage, n_stages, n_micro
         self.schedule = schedule
         self.operations = schedule_for(schedule, n_stages, n_micro, stage)
         self.p2p, self.control = point_to_point, control
+        self.shapes = ActivationShapes(control) if control is not None else None
         self._input_trailing_shape = None
         self._shape_sent = False
 
@@ -324,13 +330,12 @@ class PipelineEngine:
         """The receive ``(shape, dtype, source, tag)`` of ``micro``'s activation (not first stage)."""
         if self._input_trailing_shape is None:
             # once per run: the previous stage says what one sample's activation looks like
-            self._input_trailing_shape = tuple(self.control.mpi.recv(source=self.stage - 1,
-                                                                     tag=self.SHAPE_TAG))
+            self._input_trailing_shape = self.shapes.receive(self.stage - 1)
         return (rows,) + self._input_trailing_shape, dtype, self.stage - 1, 2 * micro
 
     def _output_message(self, outputs, micro):
         """The send ``(array, dest, tag)`` of ``micro``'s activation (not last stage)."""
         if not self._shape_sent:
-            self.control.mpi.send(tuple(outputs.shape[1:]), dest=self.stage + 1, tag=self.SHAPE_TAG)
+            self.shapes.send(tuple(outputs.shape[1:]), self.stage + 1)
             self._shape_sent = True
         return outputs, self.stage + 1, 2 * micro

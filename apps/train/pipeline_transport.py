@@ -1,54 +1,121 @@
-"""Point-to-point transfers between pipeline stages: MPI on CPUs, NCCL (or host-staged MPI) on GPUs.
+"""Point-to-point transfers between pipeline stages, through the job's transport.
 
 The :class:`~apps.train.pipeline.PipelineEngine` moves two kinds of messages over the pipeline
-communicator (rank = stage): activations forward (stage ``s`` to ``s + 1``, tag ``2 m`` for
-micro-batch ``m``) and their gradients backward (``s + 1`` to ``s``, tag ``2 m + 1``). Every sender
-here has one entry point, :meth:`exchange`: an optional send and an optional receive, posted
-together. The engine pairs a send with the next receive *from the same peer* (Megatron's
-``send_forward_recv_backward`` / ``send_backward_recv_forward``), because a NCCL send does not
-complete until its peer posts the matching receive: in the 1F1B steady state stage ``s`` sends
-activation ``k`` and then waits for gradient ``j`` from ``s + 1``, while ``s + 1`` sends gradient
-``j`` and then waits for activation ``k``; posted one after the other on each side, both sends
-would wait forever (the device streams block, not the host). Posted in one NCCL group they progress
-together.
+communicator (rank = stage): activations forward (stage ``s`` to ``s + 1``) and their gradients
+backward (``s + 1`` to ``s``). :class:`PointToPoint` has one entry point, :meth:`PointToPoint.exchange`:
+an optional send and an optional receive, posted together as one paired exchange of the pipeline
+communicator's collectives (:meth:`hpcgpu.transport.collectives.Collectives.exchange`). The engine pairs a
+send with the next receive *from the same peer* (Megatron's ``send_forward_recv_backward`` /
+``send_backward_recv_forward``), because a NCCL send does not complete until its peer posts the
+matching receive: in the 1F1B steady state stage ``s`` sends activation ``k`` and then waits for
+gradient ``j`` from ``s + 1``, while ``s + 1`` sends gradient ``j`` and then waits for activation
+``k``; posted one after the other on each side, both sends would wait forever (the device streams
+block, not the host). Posted in one exchange (one NCCL group) they progress together.
 
-================================  ======================================================================
-:class:`MpiPointToPoint`          NumPy: ``Isend`` (kept alive until :meth:`wait_all`), blocking ``Recv``
-:class:`NcclPointToPoint`         CuPy, job transport ``nccl``: one :func:`~hpcgpu.transport.nccl.
-                                  grouped_send_receive` group per exchange on the current (compute)
-                                  stream; the host never waits
-:class:`StagedPointToPoint`       CuPy, job transport ``mpi-cuda`` / ``mpi-staged``: device -> host
-                                  copy, MPI as above, copy back (correct everywhere, slow)
-================================  ======================================================================
+What an exchange does on each transport of the job (the buffers are the pipeline's activations):
 
-Activations travel in the compute dtype (2 bytes a value in fp16 and bf16). bfloat16 has no MPI
-type: :class:`MpiPointToPoint` moves its bit patterns as ``uint16``; on GPUs it already is ``uint16``
-(NCCL moves dtypes it cannot reduce as bytes: exact).
+==============  ========================================================================================
+``mpi``         NumPy: non-blocking send and receive; a lone send stays in flight (its buffer kept)
+                until :meth:`PointToPoint.wait_all`, an exchange with a receive returns once it arrived
+``nccl``        CuPy: one NCCL group on the current (compute) stream; the host never waits
+``mpi-cuda``,   CuPy: the current stream is synchronised, MPI moves the bytes (device pointers or pinned
+``mpi-staged``  host copies) and the exchange completes before it returns (the staging buffers are reused)
+==============  ========================================================================================
 
-:func:`make_point_to_point` picks one after the pipeline communicator's transport (which
-:func:`apps.train.parallel_grid.prepare_device_communication` set to the job's on GPUs). Every sender counts the bytes it
-was given to send (``bytes_sent``, ``n_sends``): the measured side of
-:mod:`apps.train.comm_volume`.
+Messages match in the order each side lists them, per peer and direction (the transport's rule:
+:mod:`hpcgpu.transport.messages`), not by tag: the engine posts both directions in micro-batch order on
+every stage (both schedules), the same order on both sides. Activations travel in the compute dtype
+(2 bytes a value in fp16 and bf16); dtypes the transport cannot reduce (bfloat16) move as their bytes,
+exactly.
+
+:class:`ActivationShapes` carries the one message the engine needs besides: the shape of one sample's
+activation, from each stage to the next, once per run. Every sender counts the bytes it was given to
+send (``bytes_sent``, ``n_sends``): the measured side of :mod:`apps.train.comm_volume`.
 """
 
 import numpy as np
 
-from hpcgpu.transport.nccl import grouped_send_receive, nccl_communicator
-from hpcgpu.transport.selection import select_transport_for
+from hpcgpu.errors import ConfigurationError
+from hpcgpu.transport import collectives
 
-from ._backend import is_bfloat16
+from ._backend import array_module
+
+#: The MPI tag of the activation and gradient messages (NCCL has none; messages match in order).
+MESSAGE_TAG = 0
 
 
-class _CountedSender:
-    """Counters of what was passed to the sends: ``bytes_sent`` (bytes) and ``n_sends``."""
+class PointToPoint:
+    """Activations and gradients between pipeline stages through the pipeline communicator's
+    collectives (see the module docstring for what each transport does).
 
-    def __init__(self):
+    Parameters
+    ----------
+    comm : hpcgpu.Communicator
+        The pipeline sub-communicator (rank = stage).
+    arch : hpcgpu.arch.CPU or GPU, optional
+        Device (CuPy) buffers on a GPU, host (NumPy) buffers otherwise (the default). With more than
+        one stage on a GPU the device collectives are built here: collective over ``comm`` with NCCL
+        (:func:`apps.train.parallel_grid.prepare_device_communication` builds them beforehand on
+        every rank in the same order).
+
+    Attributes
+    ----------
+    movers : hpcgpu.transport.Collectives or None
+        The collectives the messages go through (None on one stage: nothing to send).
+    bytes_sent, n_sends : int
+        Bytes and number of the arrays given to the sends.
+    """
+
+    def __init__(self, comm, arch=None):
+        self.comm = comm
+        on_device = bool(getattr(arch, "is_gpu", False))
+        self.movers = collectives(comm, on_device=on_device) if comm.size > 1 else None
         self.bytes_sent = 0
         self.n_sends = 0
+        self._pending = []   # (handle or None, send buffer) until wait_all
 
     def _count(self, array):
         self.bytes_sent += int(array.nbytes)
         self.n_sends += 1
+
+    def exchange(self, send=None, receive=None):
+        """Post ``send`` = ``(array, dest, tag)`` and ``receive`` = ``(shape, dtype, source, tag)``
+        (either may be None) as one paired exchange. The tags name the messages for readers; the
+        messages match in order (see the module docstring).
+
+        Returns
+        -------
+        ndarray or None
+            The received array (None without ``receive``): complete on the host (``mpi``), or filled
+            in stream order (device transports).
+        """
+        sends, receives, received, buffer = [], [], None, None
+        if send is not None:
+            array, dest, _ = send
+            buffer = array_module(array).ascontiguousarray(array)
+            self._count(buffer)
+            sends.append((buffer, dest))
+        if receive is not None:
+            shape, dtype, source, _ = receive
+            received = self._empty(shape, dtype)
+            receives.append((received, source))
+        handle = self.movers.exchange(sends=sends, receives=receives, tag=MESSAGE_TAG)
+        if receive is not None or self.movers.on_device:
+            # a receive is read next; on devices nothing is left to wait for (NCCL: queued on the
+            # stream) or must not be (MPI device transports reuse their staging buffers)
+            handle.wait()
+            handle = None
+        if buffer is not None:
+            # kept until wait_all: a host send in flight reads it, a NCCL group reads it in stream order
+            self._pending.append((handle, buffer))
+        return received
+
+    def _empty(self, shape, dtype):
+        if self.movers.on_device:
+            import cupy
+
+            return cupy.empty(shape, dtype=dtype)
+        return np.empty(shape, dtype=dtype)
 
     # the one-message forms, for callers that never pair
     def send(self, array, dest, tag):
@@ -59,140 +126,59 @@ class _CountedSender:
         """Receive an array of ``shape`` and ``dtype`` from ``source``."""
         return self.exchange(receive=(shape, dtype, source, tag))
 
+    def wait_all(self):
+        """Complete every send still in flight and release the send buffers; returns None.
 
-def _message_buffer(buffer):
-    """What MPI sends or receives for the contiguous NumPy ``buffer``: itself, or for bfloat16
-    (``ml_dtypes``, a dtype MPI does not know) its bit patterns as a ``uint16`` view -- the same
-    bytes, copied exactly."""
-    return buffer.view(np.uint16) if is_bfloat16(buffer.dtype) else buffer
+        On devices nothing waits on the host: NCCL's sends are queued on the compute stream, so
+        everything that runs after them on that stream (and CuPy's reuse of their memory, which is
+        stream-ordered) comes after them.
+        """
+        for handle, _ in self._pending:
+            if handle is not None:
+                handle.wait()
+        self._pending = []
 
 
-class MpiPointToPoint(_CountedSender):
-    """Activations and gradients between pipeline stages over MPI (NumPy buffers).
+class ActivationShapes:
+    """The shape of one sample's activation, sent once per run from each stage to the next.
+
+    A small ``int64`` buffer through the host collectives of the pipeline communicator (MPI, the
+    control plane, also on GPU jobs): ``[ndim, d1, ..., d_ndim, 0, ...]``, :data:`MAX_DIMS` + 1 values.
 
     Parameters
     ----------
     comm : hpcgpu.Communicator
-        The pipeline sub-communicator (rank = stage).
+        The pipeline communicator.
     """
+
+    #: MPI tag of the shape messages (apart from the activations' :data:`MESSAGE_TAG`).
+    TAG = 32000
+    #: Most axes of one sample's activation.
+    MAX_DIMS = 8
 
     def __init__(self, comm):
-        super().__init__()
         self.comm = comm
-        self._pending = []
 
-    def exchange(self, send=None, receive=None):
-        """Start ``send`` = ``(array, dest, tag)`` (non-blocking, the buffer kept until
-        :meth:`wait_all`), then receive ``receive`` = ``(shape, dtype, source, tag)`` (blocking).
+    def send(self, trailing_shape, dest):
+        """Send ``trailing_shape`` (a tuple of ints) to stage ``dest``; returns once it is sent."""
+        trailing_shape = tuple(int(n) for n in trailing_shape)
+        if len(trailing_shape) > self.MAX_DIMS:
+            raise ConfigurationError(
+                f"pipeline: an activation of one sample has {len(trailing_shape)} axes {trailing_shape}; at "
+                f"most {self.MAX_DIMS} can be sent between stages. Flatten it before the stage boundary")
+        message = np.zeros(self.MAX_DIMS + 1, dtype=np.int64)
+        message[0] = len(trailing_shape)
+        message[1:1 + len(trailing_shape)] = trailing_shape
+        collectives(self.comm, on_device=False).send_receive(sends=[(message, dest)], tag=self.TAG)
 
-        Returns
-        -------
-        numpy.ndarray or None
-            The received array (None without ``receive``).
-        """
-        if send is not None:
-            array, dest, tag = send
-            buffer = np.ascontiguousarray(array)
-            self._count(buffer)
-            self._pending.append((self.comm.mpi.Isend(_message_buffer(buffer), dest=dest, tag=tag),
-                                  buffer))
-        if receive is None:
-            return None
-        shape, dtype, source, tag = receive
-        buffer = np.empty(shape, dtype=dtype)
-        self.comm.mpi.Recv(_message_buffer(buffer), source=source, tag=tag)
-        return buffer
-
-    def wait_all(self):
-        """Complete every send started; returns None."""
-        for request, _ in self._pending:
-            request.Wait()
-        self._pending = []
-
-
-class NcclPointToPoint(_CountedSender):
-    """Activations and gradients between pipeline stages over NCCL (CuPy arrays, same device order).
-
-    Each :meth:`exchange` is one NCCL group (receive and send together) on the CURRENT stream: the
-    kernels that wrote the send run before it, the kernels that read the receive after it, and
-    the host goes on without waiting. Tags are not sent: NCCL matches the k-th send from ``a`` to
-    ``b`` with the k-th receive on ``b`` from ``a``, and the engine posts both directions in
-    micro-batch order on every stage (both schedules), which is the same order on both sides.
-
-    Parameters
-    ----------
-    comm : hpcgpu.Communicator
-        The pipeline sub-communicator; its NCCL communicator is created here if it does not exist
-        (collective over ``comm``: :func:`apps.train.parallel_grid.prepare_device_communication`
-        creates it beforehand on every rank in the same order).
-    """
-
-    def __init__(self, comm):
-        super().__init__()
-        self.comm = comm
-        self.nccl_comm = nccl_communicator(comm)
-        self._pending = []
-
-    def exchange(self, send=None, receive=None):
-        """One NCCL group: receive ``(shape, dtype, source, tag)`` and send ``(array, dest, tag)``.
-
-        Returns
-        -------
-        cupy.ndarray or None
-            The receive buffer (filled in stream order), or None without ``receive``.
-        """
-        import cupy
-
-        sends, receives, received = [], [], None
-        if send is not None:
-            array, dest, _ = send
-            buffer = cupy.ascontiguousarray(array)
-            self._count(buffer)
-            # kept until wait_all: the group reads it later, in stream order
-            self._pending.append(buffer)
-            sends.append((buffer, dest))
-        if receive is not None:
-            shape, dtype, source, _ = receive
-            received = cupy.empty(shape, dtype=dtype)
-            receives.append((received, source))
-        grouped_send_receive(self.nccl_comm, sends, receives, cupy.cuda.get_current_stream())
-        return received
-
-    def wait_all(self):
-        """Release the send buffers; returns None.
-
-        Nothing waits on the host: the sends are queued on the compute stream, so everything that
-        runs after them on that stream (and CuPy's reuse of their memory, which is stream-ordered)
-        comes after them.
-        """
-        self._pending = []
-
-
-class StagedPointToPoint(MpiPointToPoint):
-    """CuPy arrays through host memory and MPI (the GPU path without NCCL).
-
-    ``cupy.asnumpy`` synchronises the stream that wrote the array before MPI reads the copy.
-    """
-
-    def exchange(self, send=None, receive=None):
-        import cupy
-
-        if send is not None:
-            array, dest, tag = send
-            send = (cupy.asnumpy(array), dest, tag)
-        received = super().exchange(send, receive)
-        return None if received is None else cupy.asarray(received)
+    def receive(self, source):
+        """The trailing shape stage ``source`` sent (a tuple of ints)."""
+        message = np.zeros(self.MAX_DIMS + 1, dtype=np.int64)
+        collectives(self.comm, on_device=False).send_receive(receives=[(message, source)], tag=self.TAG)
+        return tuple(int(n) for n in message[1:1 + int(message[0])])
 
 
 def make_point_to_point(comm, arch):
-    """The pipeline sender of ``comm`` (the pipeline communicator) for ``arch``.
-
-    CPU: :class:`MpiPointToPoint`. GPU: :class:`NcclPointToPoint` when the communicator's transport
-    is ``nccl``, else :class:`StagedPointToPoint`. Collective over ``comm`` when the transport is
-    not chosen yet or NCCL's communicator does not exist yet.
-    """
-    if not arch.is_gpu:
-        return MpiPointToPoint(comm)
-    if comm.size > 1 and select_transport_for(comm, is_gpu=True) == "nccl":
-        return NcclPointToPoint(comm)
-    return StagedPointToPoint(comm)
+    """The pipeline sender of ``comm`` (the pipeline communicator) for ``arch``: a :class:`PointToPoint`.
+    Collective over ``comm`` when its device collectives are not built yet (NCCL's communicator)."""
+    return PointToPoint(comm, arch)

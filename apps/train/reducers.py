@@ -1,45 +1,56 @@
 """Bucket reducers: how one gradient bucket is summed over ranks, and shared helpers of the synchronisers.
 
-:class:`MpiBucketReducer` (CPU: ``MPI_Iallreduce`` in place), :class:`StreamBucketReducer` (the GPU
-base: a reduction queued on the communication stream between CUDA events, never blocking the host) and
-:class:`NcclBucketReducer` (NCCL's allreduce on that stream). The copy-engine reducer of
-``--allreduce peer`` (:class:`apps.train.peer_reduce.PeerBucketReducer`) is a :class:`StreamBucketReducer`
-too. :func:`mpi_supports` and :func:`load_optimizer_slices` serve both data parallelism
-(:mod:`apps.train.distributed`) and ZeRO-1 (:mod:`apps.train.zero`).
+Every byte moves through the job's transport (:func:`hpcgpu.transport.collectives`):
+:class:`MpiBucketReducer` (host buffers: a non-blocking MPI allreduce in place per bucket),
+:class:`StreamBucketReducer` (the GPU base: a reduction queued on the communication stream between CUDA
+events) and :class:`DeviceBucketReducer` (the transport's device allreduce on that stream: NCCL queues
+it and the host never blocks; the MPI device transports synchronise the stream first). The copy-engine
+reducer of ``--allreduce peer`` (:class:`apps.train.peer_reduce.PeerBucketReducer`) is a
+:class:`StreamBucketReducer` too. :func:`mpi_supports` and :func:`load_optimizer_slices` serve both data
+parallelism (:mod:`apps.train.distributed`) and ZeRO-1 (:mod:`apps.train.zero`).
+
+Element types: float32 and float64 gradients are reduced as they are; float16 too where the transport
+can (NCCL; MPI libraries with ``MPIX_C_FLOAT16``), else as float32 copies; bfloat16 gradients are
+always summed as float32 copies and rounded back once (MPI has no bfloat16, and NCCL's bfloat16 sum
+would round the partial sums between ranks).
 """
 
 import time
 
 import numpy as np
 
-from hpcgpu.transport.nccl import nccl_communicator, nccl_datatype
+from hpcgpu.errors import BackendError
+from hpcgpu.transport import collectives
+from hpcgpu.transport.host_collectives import mpi_datatype
 
-from ._backend import is_bfloat16, is_cupy
+from ._backend import is_bfloat16
 from .buffer_kernels import round_to_bfloat16, scaled_copy
 
 
 def mpi_supports(dtype):
     """True when the MPI library reduces ``dtype`` natively (float16 is optional in MPI)."""
-    from mpi4py import MPI
-    from mpi4py.util.dtlib import from_numpy_dtype
-
     try:
-        return from_numpy_dtype(np.dtype(dtype)) != MPI.DATATYPE_NULL
-    except (KeyError, ValueError, TypeError):
+        return mpi_datatype(dtype, reducing=True) is not None
+    except (BackendError, KeyError, ValueError, TypeError):
         return False
 
 
 class MpiBucketReducer:
-    """Non-blocking MPI allreduce of host buffer slices (the CPU path)."""
+    """Non-blocking MPI allreduce of host buffer slices (the CPU path), through the transport's
+    :meth:`~hpcgpu.transport.host_collectives.HostCollectives.allreduce_start`.
+
+    Parameters
+    ----------
+    comm : hpcgpu.Communicator
+    dtype : numpy.dtype
+        Of the gradients: without a native MPI type (bfloat16; float16 in some MPI libraries) the
+        buckets travel as float32 copies.
+    """
 
     def __init__(self, comm, dtype):
-        from mpi4py import MPI
-
-        self.MPI = MPI
-        self.mpi = comm.mpi
-        # Without a native MPI float16, fp16 gradients travel as float32 copies.
+        self.movers = collectives(comm, on_device=False)
         self.staged = not mpi_supports(dtype)
-        self.requests = []
+        self.handles = []
         self.staging = []
         self.exposed_seconds = 0.0
 
@@ -49,19 +60,21 @@ class MpiBucketReducer:
             buffer = target.astype(np.float32)
             self.staging.append((target, buffer))
             target = buffer
-        self.requests.append(self.mpi.Iallreduce(self.MPI.IN_PLACE, target, op=self.MPI.SUM))
+        self.handles.append(self.movers.allreduce_start(target, out=target))
         self.progress()
 
     def progress(self):
-        if self.requests:
-            self.MPI.Request.Testall(self.requests)
+        """Let MPI progress the started buckets (MPICH does so only inside MPI calls); never blocks."""
+        for handle in self.handles:
+            handle.test()
 
     def wait(self):
         started = time.perf_counter()
-        self.MPI.Request.Waitall(self.requests)
+        for handle in self.handles:
+            handle.wait()
         for target, buffer in self.staging:
             target[...] = buffer
-        self.requests, self.staging = [], []
+        self.handles, self.staging = [], []
         self.exposed_seconds = time.perf_counter() - started
 
 
@@ -149,36 +162,42 @@ class StreamBucketReducer:
             self._free_events += [start, done]
 
 
-class NcclBucketReducer(StreamBucketReducer):
-    """NCCL allreduce of device buffer slices on the communication stream (the GPU path).
+class DeviceBucketReducer(StreamBucketReducer):
+    """The transport's allreduce of device buffer slices on the communication stream (the GPU path).
+
+    With ``nccl`` the call is queued on the communication stream and the host goes on; the MPI device
+    transports (``mpi-cuda``, ``mpi-staged``) synchronise that stream first and land the result on it.
 
     bfloat16 gradients (``uint16`` bit patterns) are summed in float32, like the CPU's MPI
     staging: on the communication stream each bucket is widened into a float32 staging
     buffer (allocated once, the gradients' length), allreduced, and rounded back to
     bfloat16 once -- twice the bytes on the wire of a bfloat16 allreduce, and no
     bfloat16 rounding between the ranks' partial sums.
+
+    Parameters
+    ----------
+    comm : hpcgpu.Communicator
+        Its device collectives are built here (collective the first time: NCCL's communicator).
+    arch : hpcgpu.arch.GPU
+    dtype : dtype of the gradients
     """
 
     def __init__(self, comm, arch, dtype):
         super().__init__(arch)
-        self.nccl_comm = nccl_communicator(comm)
+        self.movers = collectives(comm, on_device=True)
         self.bfloat16 = is_bfloat16(dtype)
-        self.nccl_type = nccl_datatype(np.float32 if self.bfloat16 else dtype)
+        self.staged = not self.bfloat16 and self.movers.name != "nccl" and not mpi_supports(dtype)
         self.staging = None
 
     def _reduce(self, grads, lo, hi):
-        from cupy.cuda import nccl
-
-        if self.bfloat16:
-            self._reduce_bfloat16_in_float32(grads, lo, hi)
+        if self.bfloat16 or self.staged:
+            self._reduce_in_float32(grads, lo, hi)
             return
-        pointer = grads.data.ptr + lo * grads.itemsize
-        self.nccl_comm.allReduce(pointer, pointer, hi - lo, self.nccl_type, nccl.NCCL_SUM,
-                                 self.comm_stream.ptr)
+        bucket = grads[lo:hi]
+        self.movers.allreduce(bucket, out=bucket, stream=self.comm_stream)
 
-    def _reduce_bfloat16_in_float32(self, grads, lo, hi):
+    def _reduce_in_float32(self, grads, lo, hi):
         import cupy
-        from cupy.cuda import nccl
 
         if self.staging is None or self.staging.shape != grads.shape:
             # allocated on the compute stream before the communication stream uses it
@@ -186,10 +205,15 @@ class NcclBucketReducer(StreamBucketReducer):
             self.compute_stream.synchronize()
         staged = self.staging[lo:hi]
         with self.comm_stream:
-            scaled_copy(grads[lo:hi], staged, 1.0)
-            self.nccl_comm.allReduce(staged.data.ptr, staged.data.ptr, hi - lo, self.nccl_type,
-                                     nccl.NCCL_SUM, self.comm_stream.ptr)
-            round_to_bfloat16(staged, grads[lo:hi])
+            if self.bfloat16:
+                scaled_copy(grads[lo:hi], staged, 1.0)
+            else:   # float16 through an MPI library without float16
+                staged[...] = grads[lo:hi]
+            self.movers.allreduce(staged, out=staged, stream=self.comm_stream)
+            if self.bfloat16:
+                round_to_bfloat16(staged, grads[lo:hi])
+            else:
+                grads[lo:hi] = staged
 
 
 def load_optimizer_slices(optimizer_state, full_state, lo, hi):

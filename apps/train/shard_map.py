@@ -12,10 +12,13 @@ Two ways to move values between the ranks' shards and the unsplit vector:
 
 * :class:`BlockExchange`: the unsplit vector cut into contiguous 1-D blocks, one per rank (the blocks
   of an :class:`hpcgpu.Decomposition` of shape ``(n_params,)``, i.e. of an :class:`hpcgpu.Field` that a
-  checkpoint stores as one global dataset); two ``Alltoallv`` move a buffer to the blocks and back,
+  checkpoint stores as one global dataset); two ``alltoallv`` move a buffer to the blocks and back,
   each element COPIED (never summed: -0.0 and every bit survive). Memory per rank: its shard and its
   block;
-* :func:`gather_logical`: the whole unsplit vector on every rank (tests, small models).
+* :func:`gather_logical`: the whole unsplit vector on every rank (tests, small models), by ``allgatherv``.
+
+Both move host buffers through the world's host collectives (:func:`hpcgpu.transport.collectives` with
+``on_device=False``: MPI, on CPU and GPU jobs alike).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcgpu.errors import ConfigurationError
+from hpcgpu.transport import collectives
 
 from ._backend import array_module, to_numpy
 from .sequential import Sequential
@@ -135,7 +139,7 @@ def tensor_map(parallel_model) -> dict:
 
 
 class _NoCollectives:
-    def allreduce(self, array, op):   # pragma: no cover - only layouts are built
+    def allreduce(self, array, op="sum"):   # pragma: no cover - only layouts are built
         raise AssertionError("no collective while describing the tensors")
 
 
@@ -169,11 +173,19 @@ def gather_logical(world, pieces, local, n_logical: int) -> np.ndarray:
                else np.zeros(0, dtype=np.int64))
     values = (np.concatenate([host[piece.local_offset:piece.local_stop] for piece in written]) if written
               else np.zeros(0, dtype=host.dtype))
+    movers = collectives(world, on_device=False)
+    counts = movers.allgather(np.array([indices.size], dtype=np.int64), np.empty(world.size, dtype=np.int64))
+    counts = [int(count) for count in counts]
+    all_indices = movers.allgatherv(indices, np.empty(sum(counts), dtype=np.int64), counts)
+    all_values = movers.allgatherv(np.ascontiguousarray(values), np.empty(sum(counts), dtype=host.dtype), counts)
     logical = np.zeros(n_logical, dtype=host.dtype)
     covered = np.zeros(n_logical, dtype=np.int64)
-    for rank_indices, rank_values in world.mpi.allgather((indices, values)):
-        logical[rank_indices] = rank_values
+    offset = 0
+    for count in counts:   # rank by rank, as each rank listed them
+        rank_indices = all_indices[offset:offset + count]
+        logical[rank_indices] = all_values[offset:offset + count]
         covered[rank_indices] += 1
+        offset += count
     if not np.all(covered == 1):
         raise ConfigurationError(
             f"sharded checkpoint: the ranks' shards cover {int(np.sum(covered == 0))} element(s) of the unsplit "
@@ -201,12 +213,13 @@ class BlockExchange:
 
     Notes
     -----
-    Collective to build (one ``Alltoall`` of counts and two ``Alltoallv`` of indices); each
-    :meth:`to_blocks` / :meth:`from_blocks` is one ``Alltoallv`` of values.
+    Collective to build (one ``alltoallv`` of counts and two of indices); each :meth:`to_blocks` /
+    :meth:`from_blocks` is one ``alltoallv`` of values, through the world's host collectives.
     """
 
     def __init__(self, world, pieces, bounds):
         self.world = world
+        self.movers = collectives(world, on_device=False)
         bounds = np.asarray(bounds, dtype=np.int64)
         self.block_lo, self.block_hi = int(bounds[world.rank]), int(bounds[world.rank + 1])
         local_positions = [np.arange(p.local_offset, p.local_stop, dtype=np.int64) for p in pieces]
@@ -246,20 +259,14 @@ class BlockExchange:
         local[...] = array_module(local).asarray(host)
 
     def _exchange_counts(self, send_counts):
-        received = np.empty_like(send_counts)
-        self.world.mpi.Alltoall(send_counts, received)
-        return received
+        """Element ``r`` of ``send_counts`` to rank ``r``; returns what every rank sent this one."""
+        ones = [1] * self.world.size
+        return self.movers.alltoallv(np.ascontiguousarray(send_counts), ones, np.empty_like(send_counts), ones)
 
     def _alltoallv(self, values, send_counts, recv_counts):
         values = np.ascontiguousarray(values)
         received = np.empty(int(recv_counts.sum()), dtype=values.dtype)
-        self.world.mpi.Alltoallv([values, (send_counts, _displacements(send_counts))],
-                                 [received, (recv_counts, _displacements(recv_counts))])
-        return received
-
-
-def _displacements(counts):
-    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        return self.movers.alltoallv(values, send_counts, received, recv_counts)
 
 
 def _by_owner(position_lists, index_lists, bounds):

@@ -16,17 +16,18 @@ gradient is a sum of the T partial products ``grad_local @ W1[rank rows]``: one 
 block costs one allreduce of ``batch x width`` values forward and one backward; LayerNorm, GELU,
 dropout and the residual stay replicated (they see the same values on every rank).
 
-The allreduce goes through a :class:`TensorGroup`, which holds the rank, the size and any object with
-``allreduce(array, op)``: an :class:`hpcgpu.Communicator` (CPU: MPI on NumPy buffers) or, on GPUs,
-the tensor communicator's device collectives (NCCL on the current stream, the device arrays in
-place of host copies; host-staged MPI only when the job's transport is not ``nccl``), set up by
-:func:`apps.train.parallel_grid.prepare_device_communication`.
+The allreduce goes through a :class:`TensorGroup`, which holds the rank, the size and the tensor
+communicator's collectives (:func:`hpcgpu.transport.collectives`): MPI on NumPy buffers on the CPU
+(:meth:`apps.train.parallel_grid.ParallelGrid.tensor_group`) and, on GPUs, the job's device transport
+(NCCL on the current stream, the device arrays in place of host copies; MPI through the host when the
+job's transport is not ``nccl``), set up by :func:`apps.train.parallel_grid.prepare_device_communication`.
 
 bf16 (:func:`allreduce_bfloat16`): the activations and their gradients are bfloat16, and so is the
-allreduce's result. MPI has no bfloat16 type, so on the CPU (and through host-staged MPI) the T
+allreduce's result. MPI has no bfloat16 type, so on the CPU (and through MPI on GPUs) the T
 partial products travel as float32 copies, are summed in float32 and rounded to bfloat16 once; NCCL
-reduces bfloat16 itself (``ncclBfloat16``), two bytes a value on the wire. For T = 2 both give
-``round(a + b)``, bitwise the same; for T > 2 NCCL rounds its partial sums on the way.
+reduces bfloat16 itself (``element_type="bfloat16"``: ``ncclBfloat16``), two bytes a value on the
+wire. For T = 2 both give ``round(a + b)``, bitwise the same; for T > 2 NCCL rounds its partial sums
+on the way.
 
 Initialisation: a shard is cut from the values the UNSPLIT layer would get for the same seed
 (:meth:`ColumnParallelLinear.shard`, :meth:`RowParallelLinear.shard`, used by
@@ -39,14 +40,11 @@ import numpy as np
 
 from hpcgpu.errors import ConfigurationError
 
-from ._backend import is_bfloat16, is_cupy, to_float32
+from ._backend import array_module, is_bfloat16, is_cupy, to_float32
 from .dropout import Dropout
 from .layers import GELU, LayerNorm, Linear
 from .params import ParamSpec
 from .precision import to_compute
-
-#: ``ncclBfloat16`` of NCCL >= 2.10 (``nccl.h``); CuPy names it ``NCCL_BFLOAT16`` in recent versions.
-NCCL_BFLOAT16 = 9
 from .sequential import Residual
 
 
@@ -59,9 +57,9 @@ class TensorGroup:
     rank, size : int
         This rank's index in the group and the group size T.
     collectives : object
-        Anything with ``allreduce(array, op)`` returning the sum over the group (an
-        :class:`hpcgpu.Communicator` on the CPU, ``NcclCollectives`` of the tensor
-        sub-communicator on GPUs). Unused when ``size == 1``.
+        The tensor sub-communicator's collectives (:func:`hpcgpu.transport.collectives`: MPI on the
+        CPU, the job's device transport on GPUs), or anything with ``allreduce(array, op=...)``
+        returning the sum over the group as a new array. Unused when ``size == 1``.
     n_allreduces, n_values_reduced, n_bytes_reduced : int
         Counters of the collectives issued (the tests check one per block and direction) and of
         the values and bytes passed to them (:mod:`apps.train.comm_volume`).
@@ -82,7 +80,7 @@ class TensorGroup:
         if self.size > 1 and not hasattr(self.collectives, "allreduce"):
             raise ConfigurationError(
                 "tensor group: a group of more than one rank needs an object with "
-                "allreduce(array, op) (an hpcgpu.Communicator or device collectives)")
+                "allreduce(array, op=...) (the tensor communicator's hpcgpu.transport.collectives)")
 
     def allreduce_sum(self, array):
         """Sum of ``array`` over the group (a new array; ``array`` itself on one rank).
@@ -98,7 +96,7 @@ class TensorGroup:
         self.n_bytes_reduced += int(array.nbytes)
         if is_bfloat16(array.dtype):
             return allreduce_bfloat16(self.collectives, array)
-        return self.collectives.allreduce(array, "sum")
+        return self.collectives.allreduce(array_module(array).ascontiguousarray(array), op="sum")
 
 
 def allreduce_bfloat16(collectives, array):
@@ -107,30 +105,22 @@ def allreduce_bfloat16(collectives, array):
     Parameters
     ----------
     collectives : object
-        The group's ``allreduce(array, op)`` (see :class:`TensorGroup`).
+        The group's collectives (see :class:`TensorGroup`).
     array : ndarray
         ``ml_dtypes.bfloat16`` (NumPy) or ``uint16`` bit patterns (CuPy), the same shape on every rank.
 
     Returns
     -------
     ndarray, shape and dtype of ``array``
-        NCCL (``collectives.nccl_comm``): its bfloat16 sum on the current stream. Otherwise (MPI,
-        which has no bfloat16 type, and host-staged MPI on GPUs): the float32 sum of the widened
-        values, rounded to nearest even bfloat16 once.
+        NCCL (``collectives.name == "nccl"``): its bfloat16 sum on the current stream. Otherwise (MPI,
+        which has no bfloat16 type, on the host or through it on GPUs): the float32 sum of the
+        widened values, rounded to nearest even bfloat16 once.
     """
-    nccl_comm = getattr(collectives, "nccl_comm", None)
-    if is_cupy(array) and nccl_comm is not None:
-        import cupy
-        from cupy.cuda import nccl
-
-        send = cupy.ascontiguousarray(array)
-        result = cupy.empty_like(send)
+    if is_cupy(array) and getattr(collectives, "name", None) == "nccl":
+        send = array_module(array).ascontiguousarray(array)
         # the bit patterns are ncclBfloat16 values: NCCL adds them as bfloat16, rounding each sum
-        nccl_comm.allReduce(send.data.ptr, result.data.ptr, send.size,
-                            getattr(nccl, "NCCL_BFLOAT16", NCCL_BFLOAT16), nccl.NCCL_SUM,
-                            cupy.cuda.get_current_stream().ptr)
-        return result
-    total = collectives.allreduce(to_float32(array), "sum")
+        return collectives.allreduce(send, op="sum", element_type="bfloat16")
+    total = collectives.allreduce(to_float32(array), op="sum")
     if is_cupy(array):
         return to_compute(total, array.dtype)   # float32 -> bit patterns, rounded to nearest even
     return np.asarray(total, dtype=np.float32).astype(array.dtype)

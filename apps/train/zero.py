@@ -6,11 +6,13 @@ range of the flat buffer (:meth:`ZeroRedundancy.owned_range`). One step:
 
 1. backward as usual (no per-bucket communication: the reduce-scatter runs once
    the whole gradient buffer is final);
-2. reduce-scatter of the gradients: rank ``r`` receives the SUM over ranks of its
-   shard ``[lo_r, hi_r)`` (NCCL ``reduceScatter`` in place on the GPU,
-   ``MPI_Reduce_scatter`` with per-rank counts on the CPU); 16-bit gradients that
-   the library cannot add (bfloat16 everywhere, float16 in an MPI without it) are
-   summed as float32 copies and the shard is rounded back once;
+2. reduce-scatter of the gradients through the job's transport
+   (:func:`hpcgpu.transport.collectives`): rank ``r`` receives the SUM over ranks of its
+   shard ``[lo_r, hi_r)`` (``nccl``: a reduce-scatter in place of the equal shards plus an
+   allreduce of the remainder, on the compute stream; the MPI transports, host or device:
+   ``MPI_Reduce_scatter`` with the per-rank counts); 16-bit gradients that the library
+   cannot add (bfloat16 everywhere, float16 in an MPI without it) are summed as float32
+   copies and the shard is rounded back once;
 3. the trainer converts/unscales only the shard, sums the shard's squared norm
    over ranks (global clipping and overflow check), and the optimiser steps only
    the shard with its shard of the state;
@@ -20,7 +22,7 @@ range of the flat buffer (:meth:`ZeroRedundancy.owned_range`). One step:
 The update is elementwise, so the result equals unsharded data parallelism up to
 the summation order of the reductions (bitwise on two ranks, where a sum of two
 numbers has one order). Shards: ``chunk = n // n_ranks`` elements per rank and the
-remainder to the last rank; the NCCL collectives need equal counts, so the
+remainder to the last rank; NCCL's collectives need equal counts, so there the
 remainder travels in a small extra allreduce / broadcast.
 
 Memory per rank for AdamW: parameters + gradients + ``2 / n_ranks`` of the moments
@@ -29,9 +31,9 @@ Memory per rank for AdamW: parameters + gradients + ``2 / n_ranks`` of the momen
 
 import numpy as np
 
-from hpcgpu.transport.nccl import nccl_communicator, nccl_datatype
+from hpcgpu.transport import collectives
 
-from ._backend import is_bfloat16, is_cupy, to_numpy
+from ._backend import array_module, is_bfloat16, is_cupy, to_numpy
 from .buffer_kernels import round_to_bfloat16, scaled_copy
 from .reducers import load_optimizer_slices, mpi_supports
 
@@ -83,92 +85,97 @@ class ZeroRedundancy:
         """Nothing to prepare; returns None."""
 
     # -- reductions -------------------------------------------------------------------
+    def _movers(self, array):
+        """The job's collectives for ``array``'s kind of buffer (device or host)."""
+        return collectives(self.comm, on_device=is_cupy(array))
+
     def finish_gradients(self, grads):
         """Reduce-scatter: afterwards ``grads[owned_range]`` holds the sum over ranks."""
         if self.comm.size == 1:
             return
-        if is_cupy(grads):
-            self._reduce_scatter_nccl(grads)
+        movers = self._movers(grads)
+        if movers.name == "nccl":
+            self._reduce_scatter_nccl(movers, grads)
         else:
-            self._reduce_scatter_mpi(grads)
+            self._reduce_scatter_mpi(movers, grads)
 
-    def _reduce_scatter_mpi(self, grads):
-        from mpi4py import MPI
-
+    def _reduce_scatter_mpi(self, movers, grads):
+        """``MPI_Reduce_scatter`` with the shards' counts (host buffers, or device ones through MPI)."""
         lo, hi = self.ranges[self.comm.rank]
         counts = [b - a for a, b in self.ranges]
+        xp = array_module(grads)
+        if is_cupy(grads) and is_bfloat16(grads.dtype):
+            # bit patterns (uint16): widen exactly, sum in float32, round this rank's shard once
+            send = self._float32_staging(grads)
+            received = xp.empty(hi - lo, dtype=xp.float32)
+            movers.reduce_scatterv(send, received, counts)
+            round_to_bfloat16(received, grads[lo:hi])
+            return
         if mpi_supports(grads.dtype):
-            send, received = grads, np.empty(hi - lo, dtype=grads.dtype)
-        else:   # no native float16 in this MPI: reduce float32 copies
-            send, received = grads.astype(np.float32), np.empty(hi - lo, dtype=np.float32)
-        self.comm.mpi.Reduce_scatter(send, received, recvcounts=counts, op=MPI.SUM)
+            send, received = grads, xp.empty(hi - lo, dtype=grads.dtype)
+        else:   # bfloat16, or float16 in an MPI without it: reduce float32 copies
+            send, received = grads.astype(xp.float32), xp.empty(hi - lo, dtype=xp.float32)
+        movers.reduce_scatterv(send, received, counts)
         grads[lo:hi] = received
 
-    def _reduce_scatter_nccl(self, grads):
+    def _reduce_scatter_nccl(self, movers, grads):
         if not is_bfloat16(grads.dtype):
-            self._reduce_scatter_nccl_in_place(grads)
+            self._reduce_scatter_in_place(movers, grads)
             return
         # bfloat16 bit patterns (uint16): NCCL would add the integers. Summed in float32 like the
         # bucket allreduce and the CPU's MPI staging: widen into a float32 buffer (allocated once),
         # reduce-scatter it, round this rank's part back to bfloat16 once. All on the current
         # (compute) stream, so no other stream touches the staging buffer.
+        staging = self._float32_staging(grads)
+        self._reduce_scatter_in_place(movers, staging)
+        lo, hi = self.ranges[self.comm.rank]
+        round_to_bfloat16(staging[lo:hi], grads[lo:hi])
+
+    def _float32_staging(self, grads):
+        """``grads`` (bfloat16 bit patterns on the GPU) widened into the float32 staging buffer,
+        allocated once, on the current stream."""
         import cupy
 
         if self._staging is None or self._staging.shape != grads.shape:
             self._staging = cupy.empty(grads.shape, dtype=cupy.float32)
         scaled_copy(grads, self._staging, 1.0)
-        self._reduce_scatter_nccl_in_place(self._staging)
-        lo, hi = self.ranges[self.comm.rank]
-        round_to_bfloat16(self._staging[lo:hi], grads[lo:hi])
+        return self._staging
 
-    def _reduce_scatter_nccl_in_place(self, grads):
-        import cupy
-        from cupy.cuda import nccl
-
-        nccl_comm = nccl_communicator(self.comm)
-        nccl_type = nccl_datatype(grads.dtype)
-        stream = cupy.cuda.get_current_stream().ptr   # the compute stream: ordered after backward
-        chunk, size = self._chunk, self.comm.size
-        base = grads.data.ptr
+    def _reduce_scatter_in_place(self, movers, grads):
+        """NCCL on the current (compute) stream, ordered after backward: a reduce-scatter in place of
+        the ``size`` equal shards, then an allreduce in place of the remainder (the last rank's extra
+        elements). Queued only: the host does not wait."""
+        chunk, size, rank = self._chunk, self.comm.size, self.comm.rank
         if chunk:
             # in place: NCCL reads the whole [0, size*chunk) and writes rank r's chunk at r*chunk
-            nccl_comm.reduceScatter(base, base + self.comm.rank * chunk * grads.itemsize, chunk,
-                                    nccl_type, nccl.NCCL_SUM, stream)
-        tail = grads.shape[0] - size * chunk
-        if tail:
-            pointer = base + size * chunk * grads.itemsize
-            nccl_comm.allReduce(pointer, pointer, tail, nccl_type, nccl.NCCL_SUM, stream)
+            movers.reduce_scatter(grads[:size * chunk], grads[rank * chunk:(rank + 1) * chunk])
+        if grads.shape[0] > size * chunk:
+            tail = grads[size * chunk:]
+            movers.allreduce(tail, out=tail)
 
     def sum_over_shards(self, value):
         return self.comm.allreduce(float(value), op="sum") if self.comm.size > 1 else value
 
     def gather_params(self, params):
-        """All-gather the shards of ``params`` in place, so every rank holds them all."""
+        """All-gather the shards of ``params`` in place, so every rank holds them all; returns None."""
         if self.comm.size == 1:
             return
-        if is_cupy(params):
-            self._all_gather_nccl(params)
+        movers = self._movers(params)
+        if movers.name == "nccl":
+            self._all_gather_in_place(movers, params)
             return
-        from mpi4py import MPI
+        lo, hi = self.ranges[self.comm.rank]
+        # MPI forbids a send buffer inside the receive buffer (MPI_IN_PLACE aside): send a copy
+        movers.allgatherv(params[lo:hi].copy(), params, [b - a for a, b in self.ranges])
 
-        counts = [b - a for a, b in self.ranges]
-        displacements = [a for a, _ in self.ranges]
-        self.comm.mpi.Allgatherv(MPI.IN_PLACE, [params, (counts, displacements)])
-
-    def _all_gather_nccl(self, params):
-        import cupy
-
-        nccl_comm = nccl_communicator(self.comm)
-        nccl_type = nccl_datatype(params.dtype)
-        stream = cupy.cuda.get_current_stream().ptr
-        chunk, size = self._chunk, self.comm.size
-        base = params.data.ptr
+    def _all_gather_in_place(self, movers, params):
+        """NCCL on the current stream: the equal shards gathered in place, the remainder broadcast
+        from the last rank."""
+        chunk, size, rank = self._chunk, self.comm.size, self.comm.rank
         if chunk:
-            nccl_comm.allGather(base + self.comm.rank * chunk * params.itemsize, base, chunk,
-                                nccl_type, stream)
-        tail = params.shape[0] - size * chunk
-        if tail:
-            nccl_comm.bcast(base + size * chunk * params.itemsize, tail, nccl_type, size - 1, stream)
+            movers.allgather(params[rank * chunk:(rank + 1) * chunk], params[:size * chunk])
+        if params.shape[0] > size * chunk:
+            movers.broadcast(params[size * chunk:], root=size - 1)
 
     def allreduce_sum(self, value):
         return self.comm.allreduce(value, op="sum") if self.comm.size > 1 else value
@@ -177,7 +184,7 @@ class ZeroRedundancy:
     def full_optimizer_state(self, optimizer_state):
         """Collective: the shards of every state array gathered into full host arrays."""
         counts = [b - a for a, b in self.ranges]
-        displacements = [a for a, _ in self.ranges]
+        movers = collectives(self.comm, on_device=False)
         full = {}
         for key, value in optimizer_state.items():
             local = to_numpy(value)
@@ -186,7 +193,7 @@ class ZeroRedundancy:
                 continue
             local = np.ascontiguousarray(local)
             gathered = np.empty(self.ranges[-1][1], dtype=local.dtype)
-            self.comm.mpi.Allgatherv(local, [gathered, (counts, displacements), _mpi_type(local)])
+            movers.allgatherv(local, gathered, counts)
             full[key] = gathered
         return full
 
@@ -203,8 +210,3 @@ class ZeroRedundancy:
         return {"buckets": 0, "bucket_mb": None, "hidden_fraction": None,
                 "note": "ZeRO-1 reduce-scatters once after backward (no overlap)"}
 
-
-def _mpi_type(array):
-    from mpi4py.util.dtlib import from_numpy_dtype
-
-    return from_numpy_dtype(array.dtype)

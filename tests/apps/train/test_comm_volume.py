@@ -24,12 +24,12 @@ from apps.train.parallel_grid import make_grid
 from apps.train.parallel_training import ParallelTrainer
 from apps.train.params import init_flat_parameters
 from apps.train.pipeline import PipelineEngine
-from apps.train.pipeline_transport import MpiPointToPoint
+from apps.train.pipeline_transport import PointToPoint
 from apps.train.sequential import Sequential
 from apps.train.tensor_parallel import mlp_layers
 
 
-class SynchronousPointToPoint(MpiPointToPoint):
+class SynchronousPointToPoint(PointToPoint):
     """A pipeline sender with NCCL's completion and matching rules, on MPI (see the module docstring)."""
 
     def exchange(self, send=None, receive=None):
@@ -107,16 +107,13 @@ class RecordingPointToPoint:
         pass
 
 
-class ShapeControl:
-    """The pipeline communicator's ``mpi`` for the one-time shape message: (width,) comes in."""
+class KnownShapes:
+    """The engine's one-time shape message (``engine.shapes``) without a communicator: (width,) comes in."""
 
-    def __init__(self):
-        self.mpi = self
-
-    def recv(self, source, tag):
+    def receive(self, source):
         return (SPEC.width,)
 
-    def send(self, value, dest, tag):
+    def send(self, trailing_shape, dest):
         pass
 
 
@@ -134,7 +131,8 @@ def test_engine_pairs_a_send_with_the_next_receive_from_the_same_neighbour(sched
     params = init_flat_parameters(model.layout, 4, "float64")
     model.bind(params, np.zeros_like(params))
     sender = RecordingPointToPoint()
-    engine = PipelineEngine(model, 1, 3, 4, schedule, sender, ShapeControl())
+    engine = PipelineEngine(model, 1, 3, 4, schedule, sender, control=None)
+    engine.shapes = KnownShapes()
     x = np.zeros((8, SPEC.n_inputs))
     engine.compute_gradients(x, np.zeros(8, dtype=int), np.arange(8, dtype=np.int64), seed=1, step=0,
                              global_batch_size=8, compute_dtype=np.float64)

@@ -29,7 +29,6 @@ from test_tensor_parallel import LOSS_TOLERANCE, SPEC, relative, train_config
 from apps.train.loader import ArraySource, ShardedLoader
 from apps.train.parallel_grid import make_grid
 from apps.train.parallel_training import ParallelTrainer
-from apps.train.pipeline_transport import NcclPointToPoint
 
 pytestmark = pytest.mark.gpu
 STEPS = 50
@@ -80,7 +79,7 @@ def test_gpu_two_stage_pipeline_over_nccl_matches_one_process(comm):
     for schedule in ("1f1b", "gpipe"):
         losses, params, runner = gpu_curve(grid, arch, micro_batches=4, schedule=schedule)
         if runner.grid.world.job_transport.choices["gpu"].name == "nccl":
-            assert isinstance(runner.engine.p2p, NcclPointToPoint)
+            assert runner.engine.p2p.movers.name == "nccl"
         assert relative(losses, cpu_losses) <= LOSS_TOLERANCE, (schedule, losses[-3:], cpu_losses[-3:])
         assert relative(losses, gpu_losses) <= LOSS_TOLERANCE, schedule
         assert relative(params, cpu_params) <= LOSS_TOLERANCE, schedule
@@ -118,7 +117,6 @@ def test_gpu_tensor_and_pipeline_grid_matches_one_process(comm):
 def shared_gpu_body():
     """Two ranks on one GPU, host-staged: 1 x 1 x 2 (M = 4, 1F1B) and 1 x 2 x 1 against the CPU."""
     import hpcgpu
-    from apps.train.pipeline_transport import StagedPointToPoint
 
     comm = hpcgpu.Communicator()
     arch = hpcgpu.arch.auto(comm, backend="cupy")
@@ -126,7 +124,7 @@ def shared_gpu_body():
     for sizes, micro_batches in (((1, 1, 2), 4), ((1, 2, 1), 1)):
         losses, params, runner = gpu_curve(make_grid(comm, *sizes), arch, micro_batches=micro_batches)
         if sizes[2] > 1:
-            assert isinstance(runner.engine.p2p, StagedPointToPoint), runner.engine.p2p
+            assert runner.engine.p2p.movers.name == "mpi-staged", runner.engine.p2p.movers
         assert relative(losses, cpu_losses) <= LOSS_TOLERANCE, (sizes, losses[-3:], cpu_losses[-3:])
         assert relative(params, cpu_params) <= LOSS_TOLERANCE, sizes
         assert_measured_equals_computed(runner)
