@@ -127,7 +127,8 @@ def build_parser(rank: int = 0):
                           "lower allreduce bandwidth. 0 = NCCL's default; NCCL_MAX_NCHANNELS in the "
                           "environment wins [0]")
     par.add_argument("--allreduce", choices=("nccl", "peer"), default="nccl",
-                     help="GPU gradient bucket sum: nccl (NCCL allreduce), or peer: the GPUs' copy engines move "
+                     help="GPU gradient bucket sum: nccl (the job's transport's allreduce: NCCL unless --transport "
+                          "names an MPI one), or peer: the GPUs' copy engines move "
                           "the halves of each bucket between CUDA-IPC-mapped buffers and one small add kernel "
                           "sums them, so no NCCL kernels take SMs from the backward GEMMs; bitwise NCCL's "
                           "result. peer needs GPUs, exactly 2 ranks on one node and --zero 0 [nccl]")

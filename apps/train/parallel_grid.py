@@ -10,7 +10,7 @@ node, where its two allreduces per block and direction run over NVLink. The pipe
 slowest: its point-to-point traffic (one activation per micro-batch and stage boundary) is the
 lightest, so it may cross nodes.
 
-Sub-communicators (each an :class:`hpcgpu.Communicator`, built with ``comm.mpi.Split``):
+Sub-communicators (each an :class:`hpcgpu.Communicator`, built with :meth:`hpcgpu.Communicator.split`):
 
 ==============  ===============================  ==================================================
 ``tensor``      same data and pipeline index     the allreduces inside tensor-parallel layers
