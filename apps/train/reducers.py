@@ -23,7 +23,7 @@ from hpcgpu.errors import BackendError
 from hpcgpu.transport import collectives
 from hpcgpu.transport.host_collectives import mpi_datatype
 
-from ._backend import is_bfloat16
+from ._backend import is_bfloat16, is_cupy
 from .buffer_kernels import round_to_bfloat16, scaled_copy
 
 
