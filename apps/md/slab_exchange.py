@@ -6,7 +6,7 @@ capacities). Two ways, chosen once (:meth:`SlabExchange._choose_exchange`; see t
 mapped with CUDA IPC (:mod:`hpcgpu.transport.peer_memory`), then ``slab_signal`` / ``slab_wait``
 order the stores (device-side sequence numbers, only on rebuild steps for migrants, with a time-out);
 **nccl** -- one NCCL group of fixed-size messages per exchange, through the job's collectives
-(:meth:`hpcgpu.transport.NcclCollectives.exchange`: queued on the current stream, capturable). Both
+(:meth:`hpcgpu.transport.nccl_collectives.NcclCollectives.exchange`: queued on the current stream, capturable). Both
 move the same bytes into the same rows.
 """
 

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcgpu.errors import ConfigurationError
+from hpcgpu.transport import collectives
 
 from ._backend import to_numpy
 from .data import shard_bounds
@@ -353,7 +354,7 @@ class ParallelTrainer:
                 target[...] = master[entry.offset:entry.stop].reshape(entry.shape)
         if full is None:
             full = np.zeros(self.parallel_model.reference().layout.n_params)
-        return self.grid.world.allreduce(full, op="sum")
+        return collectives(self.grid.world, on_device=False).allreduce(full)
 
     def optimizer_state_bytes(self):
         """Bytes of this rank's optimiser state arrays (AdamW's moments, SGD's momentum; counters

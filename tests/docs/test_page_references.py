@@ -6,7 +6,7 @@ or one of its attributes.
 
 Left out: a path written after a colon (``git show REV:benchmarks/...``, a file of an old tree), a
 path with a wildcard (``tests/apps/train/test_split_*.py``) and a dotted name with a capitalised
-placeholder (``apps.NAME``)."""
+placeholder (``apps.NAME``), and the names of :data:`NOT_MODULES` (dotted like a module, but not one)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 _CODE = re.compile(r"`([^`\n]+)`")
 _PATH = re.compile(r"(?<![\w./:-])((?:apps|hpcgpu|benchmarks|tests|examples|jobscripts)/[\w./-]*\w)(?![\w*./-])(?:::(\w+))?")
 _DOTTED = re.compile(r"(?<![\w./:-])((?:apps|hpcgpu)(?:\.\w+)+)")
+#: Dotted names the pages use that are not Python modules: the scaling recipes' entry-point group.
+NOT_MODULES = {"hpcgpu.scaling_recipes"}
 
 
 def broken_references(page: Path) -> list[str]:
@@ -32,7 +34,9 @@ def broken_references(page: Path) -> list[str]:
             elif function and not re.search(rf"^\s*def {function}\b", target.read_text(encoding="utf-8"), re.M):
                 broken.append(f"{path}::{function}")
         for name in _DOTTED.findall(span):
-            if not any(part.isupper() for part in name.split(".")) and not resolves(name):
+            if name in NOT_MODULES or any(part.isupper() for part in name.split(".")):
+                continue
+            if not resolves(name):
                 broken.append(name)
     return broken
 
