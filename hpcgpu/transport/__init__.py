@@ -32,15 +32,13 @@ from __future__ import annotations
 
 from hpcgpu.errors import BackendError
 from hpcgpu.transport.collectives import Collectives, collectives
-from hpcgpu.transport.job import job_transport
+from hpcgpu.transport.job import JobTransport, TransportChoice, job_transport
 from hpcgpu.transport.messages import Message
 from hpcgpu.transport.mpi_device import CudaAwareMpiTransport, StagedMpiTransport, mpi_is_cuda_aware
 from hpcgpu.transport.mpi_host import MpiHostTransport
 from hpcgpu.transport.nccl import NcclTransport, nccl_communicator
 from hpcgpu.transport.selection import (
     TRANSPORTS,
-    JobTransport,
-    TransportChoice,
     select_transport,
     transport_choice,
     transport_name,

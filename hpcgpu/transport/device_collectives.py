@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpcgpu.errors import BackendError
+from hpcgpu.transport.collectives_base import CommunicatorCollectives
 from hpcgpu.transport.host_collectives import HostCollectives
 from hpcgpu.transport.messages import Message, resolve_messages
 
@@ -34,7 +35,7 @@ def _check_element_type(element_type) -> None:
                            "float32 copy instead, or use the nccl transport")
 
 
-class MpiDeviceCollectives:
+class MpiDeviceCollectives(CommunicatorCollectives):
     """MPI collectives of one communicator on CuPy arrays, staged through pinned host memory or on
     device pointers.
 
@@ -50,19 +51,11 @@ class MpiDeviceCollectives:
     on_device = True
 
     def __init__(self, comm, staged: bool = True):
-        self.comm = comm
+        super().__init__(comm)
         self.staged = staged
         self.name = "mpi-staged" if staged else "mpi-cuda"
         self.host = HostCollectives(comm)
         self._pinned: dict = {}
-
-    @property
-    def size(self) -> int:
-        return self.comm.size
-
-    @property
-    def rank(self) -> int:
-        return self.comm.rank
 
     # ------------------------------------------------------------------ staging
     def _buffer(self, slot, array):

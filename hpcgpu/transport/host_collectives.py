@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcgpu.errors import BackendError, ConfigurationError
+from hpcgpu.errors import BackendError
+from hpcgpu.transport.collectives_base import OPERATORS, CommunicatorCollectives, check_operator, require_contiguous
 from hpcgpu.transport.messages import Message, check_counts, message_tags, resolve_messages
 
-#: The reduction operators every transport offers.
-OPERATORS = ("sum", "max", "min")
-
-
 def mpi_operator(op: str):
-    """The ``mpi4py.MPI.Op`` of ``op`` (one of :data:`OPERATORS`)."""
-    if op not in OPERATORS:
-        raise ConfigurationError(f"reduction operator must be one of {', '.join(OPERATORS)}, got {op!r}")
+    """The ``mpi4py.MPI.Op`` of ``op`` (one of :data:`~hpcgpu.transport.collectives_base.OPERATORS`)."""
+    check_operator(op)
     from mpi4py import MPI
 
     return {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[op]
@@ -70,13 +66,6 @@ def _vector_spec(array, counts, reducing: bool = False):
     return [array, (counts, displacements), datatype]
 
 
-def _contiguous(array, what: str):
-    if not array.flags.c_contiguous:
-        raise BackendError(f"{what} needs a C-contiguous array, found shape {tuple(array.shape)} with strides "
-                           f"{tuple(array.strides)}; pass a contiguous array or copy it first")
-    return array
-
-
 class MpiRequests:
     """The handle of a host exchange or non-blocking collective: ``wait()`` completes every request (and
     runs ``after``); ``test()`` says, without blocking, whether they have completed."""
@@ -101,7 +90,7 @@ class MpiRequests:
             after()
 
 
-class HostCollectives:
+class HostCollectives(CommunicatorCollectives):
     """MPI collectives and paired messages on NumPy arrays of one communicator (transport ``mpi``).
 
     Parameters
@@ -114,21 +103,10 @@ class HostCollectives:
     capturable = False
     on_device = False
 
-    def __init__(self, comm):
-        self.comm = comm
-
-    @property
-    def size(self) -> int:
-        return self.comm.size
-
-    @property
-    def rank(self) -> int:
-        return self.comm.rank
-
     # ------------------------------------------------------------------ reductions
     def allreduce(self, send, out=None, op: str = "sum", stream=None):
         mpi_op = mpi_operator(op)
-        send = _contiguous(send, "allreduce")
+        send = require_contiguous(send, "allreduce")
         if out is None:
             out = np.empty_like(send)
         if out is send:
@@ -146,14 +124,14 @@ class HostCollectives:
         from mpi4py import MPI
 
         mpi_op = mpi_operator(op)
-        send = _contiguous(send, "allreduce_start")
+        send = require_contiguous(send, "allreduce_start")
         if out is None:
             out = np.empty_like(send)
         if out is send:
             request = self.comm.mpi.Iallreduce(MPI.IN_PLACE, buffer_spec(out, reducing=True), op=mpi_op)
         else:
             request = self.comm.mpi.Iallreduce(buffer_spec(send, reducing=True),
-                                               buffer_spec(_contiguous(out, "allreduce_start"), reducing=True),
+                                               buffer_spec(require_contiguous(out, "allreduce_start"), reducing=True),
                                                op=mpi_op)
         handle = MpiRequests([request])
         handle.buffers = (send, out)   # alive until the reduction completes
@@ -162,26 +140,28 @@ class HostCollectives:
     def reduce_scatter(self, send, out, op: str = "sum", stream=None):
         mpi_op = mpi_operator(op)
         check_counts("reduce_scatter", send.size, out.size * self.size, "send", "size x out")
-        self.comm.mpi.Reduce_scatter_block(buffer_spec(_contiguous(send, "reduce_scatter"), reducing=True),
-                                           buffer_spec(_contiguous(out, "reduce_scatter"), reducing=True), op=mpi_op)
+        self.comm.mpi.Reduce_scatter_block(buffer_spec(require_contiguous(send, "reduce_scatter"), reducing=True),
+                                           buffer_spec(require_contiguous(out, "reduce_scatter"), reducing=True),
+                                           op=mpi_op)
         return out
 
     # ------------------------------------------------------------------ data movement
     def allgather(self, send, out, stream=None):
         check_counts("allgather", out.size, send.size * self.size, "out", "size x send")
-        self.comm.mpi.Allgather(buffer_spec(_contiguous(send, "allgather")), buffer_spec(_contiguous(out, "allgather")))
+        self.comm.mpi.Allgather(buffer_spec(require_contiguous(send, "allgather")),
+                                buffer_spec(require_contiguous(out, "allgather")))
         return out
 
     def allgatherv(self, send, out, counts, stream=None):
         counts = [int(c) for c in counts]
         check_counts("allgatherv", send.size, counts[self.rank], "send", "counts[rank]")
         check_counts("allgatherv", out.size, sum(counts), "out", "sum(counts)")
-        self.comm.mpi.Allgatherv(buffer_spec(_contiguous(send, "allgatherv")),
-                                 _vector_spec(_contiguous(out, "allgatherv"), counts))
+        self.comm.mpi.Allgatherv(buffer_spec(require_contiguous(send, "allgatherv")),
+                                 _vector_spec(require_contiguous(out, "allgatherv"), counts))
         return out
 
     def broadcast(self, array, root: int = 0, stream=None):
-        self.comm.mpi.Bcast(buffer_spec(_contiguous(array, "broadcast")), root=root)
+        self.comm.mpi.Bcast(buffer_spec(require_contiguous(array, "broadcast")), root=root)
         return array
 
     def gatherv(self, send, out, counts, root: int = 0, stream=None):
@@ -189,10 +169,10 @@ class HostCollectives:
         check_counts("gatherv", send.size, counts[self.rank], "send", "counts[rank]")
         if self.rank == root:
             check_counts("gatherv", out.size, sum(counts), "out", "sum(counts)")
-            self.comm.mpi.Gatherv(buffer_spec(_contiguous(send, "gatherv")), _vector_spec(_contiguous(out, "gatherv"), counts),
-                                  root=root)
+            self.comm.mpi.Gatherv(buffer_spec(require_contiguous(send, "gatherv")),
+                                  _vector_spec(require_contiguous(out, "gatherv"), counts), root=root)
             return out
-        self.comm.mpi.Gatherv(buffer_spec(_contiguous(send, "gatherv")), None, root=root)
+        self.comm.mpi.Gatherv(buffer_spec(require_contiguous(send, "gatherv")), None, root=root)
         return None
 
     def scatterv(self, send, out, counts, root: int = 0, stream=None):
@@ -200,10 +180,10 @@ class HostCollectives:
         check_counts("scatterv", out.size, counts[self.rank], "out", "counts[rank]")
         if self.rank == root:
             check_counts("scatterv", send.size, sum(counts), "send", "sum(counts)")
-            self.comm.mpi.Scatterv(_vector_spec(_contiguous(send, "scatterv"), counts), buffer_spec(_contiguous(out, "scatterv")),
-                                   root=root)
+            self.comm.mpi.Scatterv(_vector_spec(require_contiguous(send, "scatterv"), counts),
+                                   buffer_spec(require_contiguous(out, "scatterv")), root=root)
         else:
-            self.comm.mpi.Scatterv(None, buffer_spec(_contiguous(out, "scatterv")), root=root)
+            self.comm.mpi.Scatterv(None, buffer_spec(require_contiguous(out, "scatterv")), root=root)
         return out
 
     def alltoallv(self, send, send_counts, out, receive_counts, stream=None):
@@ -211,8 +191,8 @@ class HostCollectives:
         receive_counts = [int(c) for c in receive_counts]
         check_counts("alltoallv", send.size, sum(send_counts), "send", "sum(send_counts)")
         check_counts("alltoallv", out.size, sum(receive_counts), "out", "sum(receive_counts)")
-        self.comm.mpi.Alltoallv(_vector_spec(_contiguous(send, "alltoallv"), send_counts),
-                                _vector_spec(_contiguous(out, "alltoallv"), receive_counts))
+        self.comm.mpi.Alltoallv(_vector_spec(require_contiguous(send, "alltoallv"), send_counts),
+                                _vector_spec(require_contiguous(out, "alltoallv"), receive_counts))
         return out
 
     # ------------------------------------------------------------------ point to point
@@ -222,9 +202,9 @@ class HostCollectives:
         See :meth:`hpcgpu.transport.collectives.Collectives.exchange` for the matching rule."""
         receives, sends = resolve_messages(receives), resolve_messages(sends)
         mpi = self.comm.mpi
-        requests = [mpi.Irecv(buffer_spec(_contiguous(m.array, "exchange")), source=m.peer, tag=t)
+        requests = [mpi.Irecv(buffer_spec(require_contiguous(m.array, "exchange")), source=m.peer, tag=t)
                     for m, t in zip(receives, message_tags(receives, tag)) if m.array.size]
-        requests += [mpi.Isend(buffer_spec(_contiguous(m.array, "exchange")), dest=m.peer, tag=t)
+        requests += [mpi.Isend(buffer_spec(require_contiguous(m.array, "exchange")), dest=m.peer, tag=t)
                      for m, t in zip(sends, message_tags(sends, tag)) if m.array.size]
         return MpiRequests(requests)
 
@@ -246,8 +226,8 @@ class HostCollectives:
         counts = [int(c) for c in counts]
         check_counts("reduce_scatterv", send.size, sum(counts), "send", "sum(counts)")
         check_counts("reduce_scatterv", out.size, counts[self.rank], "out", "counts[rank]")
-        self.comm.mpi.Reduce_scatter(buffer_spec(_contiguous(send, "reduce_scatterv"), reducing=True),
-                                     buffer_spec(_contiguous(out, "reduce_scatterv"), reducing=True),
+        self.comm.mpi.Reduce_scatter(buffer_spec(require_contiguous(send, "reduce_scatterv"), reducing=True),
+                                     buffer_spec(require_contiguous(out, "reduce_scatterv"), reducing=True),
                                      recvcounts=counts, op=mpi_op)
         return out
 

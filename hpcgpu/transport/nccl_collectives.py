@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpcgpu.errors import BackendError
-from hpcgpu.transport.host_collectives import OPERATORS
+from hpcgpu.transport.collectives_base import CommunicatorCollectives, check_operator, require_contiguous
 from hpcgpu.transport.messages import check_counts, resolve_messages
 from hpcgpu.transport.nccl import (
     NcclMessage,
@@ -36,7 +36,8 @@ def reduction_datatype(array, element_type: str | None):
         return nccl_datatype(array.dtype)
     if element_type == "bfloat16":
         if np.dtype(array.dtype).itemsize != 2:
-            raise BackendError(f"element_type='bfloat16' needs a 2-byte array (uint16 bit patterns), found {array.dtype}")
+            raise BackendError("element_type='bfloat16' needs a 2-byte array (uint16 bit patterns), found "
+                               f"{array.dtype}")
         from cupy.cuda import nccl
 
         return getattr(nccl, "NCCL_BFLOAT16", NCCL_BFLOAT16)
@@ -45,13 +46,6 @@ def reduction_datatype(array, element_type: str | None):
 
 def _pointer(array, offset_elements: int = 0) -> int:
     return int(array.data.ptr) + int(offset_elements) * array.itemsize
-
-
-def _contiguous(array, what: str):
-    if not array.flags.c_contiguous:
-        raise BackendError(f"{what} needs a C-contiguous CuPy array, found shape {tuple(array.shape)} with strides "
-                           f"{tuple(array.strides)}; pass a contiguous array or copy it first")
-    return array
 
 
 def _stream_pointer(stream) -> int:
@@ -68,7 +62,7 @@ class _Queued:
         return None
 
 
-class NcclCollectives:
+class NcclCollectives(CommunicatorCollectives):
     """NCCL collectives of one communicator on CuPy arrays.
 
     Parameters
@@ -82,47 +76,39 @@ class NcclCollectives:
     on_device = True
 
     def __init__(self, comm):
-        self.comm = comm
+        super().__init__(comm)
         self.nccl_comm = nccl_communicator(comm)
-
-    @property
-    def size(self) -> int:
-        return self.comm.size
-
-    @property
-    def rank(self) -> int:
-        return self.comm.rank
 
     # ------------------------------------------------------------------ reductions
     def allreduce(self, send, out=None, op: str = "sum", stream=None, element_type: str | None = None):
         import cupy
         from cupy.cuda import nccl
 
-        _check_operator(op)
-        send = _contiguous(send, "allreduce")
+        check_operator(op)
+        send = require_contiguous(send, "allreduce")
         if out is None:
             out = cupy.empty_like(send)
         datatype = reduction_datatype(send, element_type)
-        self.nccl_comm.allReduce(_pointer(send), _pointer(_contiguous(out, "allreduce")), send.size, datatype,
+        self.nccl_comm.allReduce(_pointer(send), _pointer(require_contiguous(out, "allreduce")), send.size, datatype,
                                  getattr(nccl, f"NCCL_{op.upper()}"), _stream_pointer(stream))
         return out
 
     def reduce_scatter(self, send, out, op: str = "sum", stream=None, element_type: str | None = None):
         from cupy.cuda import nccl
 
-        _check_operator(op)
+        check_operator(op)
         check_counts("reduce_scatter", send.size, out.size * self.size, "send", "size x out")
         datatype = reduction_datatype(send, element_type)
-        self.nccl_comm.reduceScatter(_pointer(_contiguous(send, "reduce_scatter")),
-                                     _pointer(_contiguous(out, "reduce_scatter")), out.size, datatype,
+        self.nccl_comm.reduceScatter(_pointer(require_contiguous(send, "reduce_scatter")),
+                                     _pointer(require_contiguous(out, "reduce_scatter")), out.size, datatype,
                                      getattr(nccl, f"NCCL_{op.upper()}"), _stream_pointer(stream))
         return out
 
     # ------------------------------------------------------------------ data movement
     def allgather(self, send, out, stream=None):
         check_counts("allgather", out.size, send.size * self.size, "out", "size x send")
-        datatype, count = nccl_type_and_count(_contiguous(send, "allgather"))
-        self.nccl_comm.allGather(_pointer(send), _pointer(_contiguous(out, "allgather")), count, datatype,
+        datatype, count = nccl_type_and_count(require_contiguous(send, "allgather"))
+        self.nccl_comm.allGather(_pointer(send), _pointer(require_contiguous(out, "allgather")), count, datatype,
                                  _stream_pointer(stream))
         return out
 
@@ -133,7 +119,7 @@ class NcclCollectives:
         counts = [int(c) for c in counts]
         check_counts("allgatherv", send.size, counts[self.rank], "send", "counts[rank]")
         check_counts("allgatherv", out.size, sum(counts), "out", "sum(counts)")
-        out = _contiguous(out, "allgatherv")
+        out = require_contiguous(out, "allgatherv")
         offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
         stream_pointer = _stream_pointer(stream)
         own = out.reshape(-1)[offsets[self.rank]: offsets[self.rank] + counts[self.rank]]
@@ -150,19 +136,19 @@ class NcclCollectives:
         return out
 
     def broadcast(self, array, root: int = 0, stream=None):
-        datatype, count = nccl_type_and_count(_contiguous(array, "broadcast"))
+        datatype, count = nccl_type_and_count(require_contiguous(array, "broadcast"))
         self.nccl_comm.bcast(_pointer(array), count, datatype, int(root), _stream_pointer(stream))
         return array
 
     def gatherv(self, send, out, counts, root: int = 0, stream=None):
         counts = [int(c) for c in counts]
         check_counts("gatherv", send.size, counts[self.rank], "send", "counts[rank]")
-        flat_send = _contiguous(send, "gatherv").reshape(-1)
+        flat_send = require_contiguous(send, "gatherv").reshape(-1)
         if self.rank != root:
             grouped_send_receive(self.nccl_comm, [(flat_send, root)], [], _stream_pointer(stream))
             return None
         check_counts("gatherv", out.size, sum(counts), "out", "sum(counts)")
-        pieces = _split(_contiguous(out, "gatherv").reshape(-1), counts)
+        pieces = _split(require_contiguous(out, "gatherv").reshape(-1), counts)
         self._copy(pieces[root], flat_send, stream)
         grouped_send_receive(self.nccl_comm, [], [(piece, rank) for rank, piece in enumerate(pieces) if rank != root],
                              _stream_pointer(stream))
@@ -171,12 +157,12 @@ class NcclCollectives:
     def scatterv(self, send, out, counts, root: int = 0, stream=None):
         counts = [int(c) for c in counts]
         check_counts("scatterv", out.size, counts[self.rank], "out", "counts[rank]")
-        flat_out = _contiguous(out, "scatterv").reshape(-1)
+        flat_out = require_contiguous(out, "scatterv").reshape(-1)
         if self.rank != root:
             grouped_send_receive(self.nccl_comm, [], [(flat_out, root)], _stream_pointer(stream))
             return out
         check_counts("scatterv", send.size, sum(counts), "send", "sum(counts)")
-        pieces = _split(_contiguous(send, "scatterv").reshape(-1), counts)
+        pieces = _split(require_contiguous(send, "scatterv").reshape(-1), counts)
         self._copy(flat_out, pieces[root], stream)
         grouped_send_receive(self.nccl_comm, [(piece, rank) for rank, piece in enumerate(pieces) if rank != root], [],
                              _stream_pointer(stream))
@@ -187,8 +173,8 @@ class NcclCollectives:
         receive_counts = [int(c) for c in receive_counts]
         check_counts("alltoallv", send.size, sum(send_counts), "send", "sum(send_counts)")
         check_counts("alltoallv", out.size, sum(receive_counts), "out", "sum(receive_counts)")
-        sends = _split(_contiguous(send, "alltoallv").reshape(-1), send_counts)
-        receives = _split(_contiguous(out, "alltoallv").reshape(-1), receive_counts)
+        sends = _split(require_contiguous(send, "alltoallv").reshape(-1), send_counts)
+        receives = _split(require_contiguous(out, "alltoallv").reshape(-1), receive_counts)
         self._copy(receives[self.rank], sends[self.rank], stream)
         others = [rank for rank in range(self.size) if rank != self.rank]
         grouped_send_receive(self.nccl_comm, [(sends[r], r) for r in others], [(receives[r], r) for r in others],
@@ -219,11 +205,6 @@ class NcclCollectives:
                 destination[...] = source
 
 
-def _check_operator(op: str) -> None:
-    if op not in OPERATORS:
-        raise BackendError(f"reduction operator must be one of {', '.join(OPERATORS)}, got {op!r}")
-
-
 def _split(flat, counts):
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     return [flat[offsets[i]: offsets[i + 1]] for i in range(len(counts))]
@@ -237,5 +218,5 @@ def _byte_scaled(array) -> tuple[int, int]:
 
 
 def _message(array, peer: int) -> NcclMessage:
-    datatype, count = nccl_type_and_count(_contiguous(array, "exchange"))
+    datatype, count = nccl_type_and_count(require_contiguous(array, "exchange"))
     return NcclMessage(_pointer(array), int(count), datatype, int(peer))

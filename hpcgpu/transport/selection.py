@@ -28,7 +28,7 @@ import os
 
 from hpcgpu.errors import BackendError, ConfigurationError, HpcgpuError
 from hpcgpu.runtime.abort import replicated
-from hpcgpu.transport.job import JobTransport, TransportChoice, job_transport
+from hpcgpu.transport.job import TransportChoice, job_transport
 from hpcgpu.transport.mpi_device import mpi_is_cuda_aware
 from hpcgpu.transport.nccl import nccl_available
 

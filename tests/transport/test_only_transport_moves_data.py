@@ -26,7 +26,8 @@ MPI_BUFFER_CALLS = {
     "Accumulate", "Get_accumulate",
 }
 #: NCCL calls (cupy.cuda.nccl's communicator methods and group calls).
-NCCL_CALLS = {"allReduce", "reduceScatter", "allGather", "groupStart", "groupEnd", "grouped_send_receive"}
+NCCL_CALLS = {"allReduce", "reduceScatter", "allGather", "groupStart", "groupEnd", "grouped_send_receive",
+              "nccl_communicator"}
 #: Pickled point-to-point calls: forbidden on anything whose expression names MPI.
 PICKLED_POINT_TO_POINT = {"send", "recv", "isend", "irecv", "sendrecv", "ssend", "issend"}
 #: What may still be imported from hpcgpu.transport.nccl outside the package: information only.
@@ -70,6 +71,8 @@ def violations_in(relative: str, source: str) -> list[str]:
                 found.append(f"{where}: MPI buffer call .{name}()")
             elif name in NCCL_CALLS:
                 found.append(f"{where}: NCCL call {name}()")
+            elif name == "bcast" and node.args and "ptr" in ast.unparse(node.args[0]):
+                found.append(f"{where}: NCCL call bcast()")   # a device pointer: NCCL's, not mpi4py's pickled bcast
             elif name in PICKLED_POINT_TO_POINT and isinstance(function, ast.Attribute) \
                     and "mpi" in ast.unparse(function.value).lower():
                 found.append(f"{where}: MPI point-to-point .{name}()")
@@ -87,6 +90,8 @@ def test_only_the_transport_moves_data_between_ranks():
 @pytest.mark.parametrize("line, expected", [
     ("comm.mpi.Allreduce(a, b)", "MPI buffer call .Allreduce()"),
     ("self.nccl_comm.allReduce(1, 2, 3, 4, 5, 6)", "NCCL call allReduce()"),
+    ("movers.nccl_comm.bcast(array.data.ptr, n, t, 0, s)", "NCCL call bcast()"),
+    ("hpcgpu.transport.nccl.nccl_communicator(comm)", "NCCL call nccl_communicator()"),
     ("comm.mpi.send(x, dest=1)", "MPI point-to-point .send()"),
     ("from cupy.cuda import nccl", "imports NCCL"),
     ("from hpcgpu.transport.nccl import grouped_send_receive", "from hpcgpu.transport.nccl"),
