@@ -257,12 +257,14 @@ class _Binding:
         interior, rim = split_owned(local_shape, (0,) * grid.ndim, neighbourhood.halo_width)
         owned = tuple(v for n in local_shape for v in (0, n))
         self.regions = {"owned": [owned], "interior": [interior] if interior is not None else [], "rim": rim}
+        #: Cells per thread along axis ndim - 2 of the GPU form (also used by its host build in tests).
+        self.rows_per_thread = codegen_cuda.rows_per_thread(grid.ndim, self.dtype)
         if arch.is_gpu:
             self.source = self.cuda_source()
             self.function = gpu_function(self.source, codegen_cuda.kernel_name(definition), codegen_cuda.NVRTC_OPTIONS)
             self.launches = {
                 region: [(shape, tuple(np.int32(v) for v in bounds)) for bounds in bounds_list
-                         if (shape := codegen_cuda.launch_shape(grid.ndim, bounds)) is not None]
+                         if (shape := codegen_cuda.launch_shape(grid.ndim, bounds, self.rows_per_thread)) is not None]
                 for region, bounds_list in self.regions.items()}
         else:
             self.source = codegen_cpu.python_source(
@@ -280,7 +282,7 @@ class _Binding:
         definition = self.kernel.definition
         return codegen_cuda.cuda_source(
             definition, self.dtype, {name: (f.data.shape, f.halo_width) for name, f in zip(definition.fields, self.inputs)},
-            tuple((f.data.shape, f.halo_width) for f in self.outputs))
+            tuple((f.data.shape, f.halo_width) for f in self.outputs), self.rows_per_thread)
 
     def parameter_values(self, params) -> tuple:
         """The scalar parameters in the kernel's order, converted to the fields' dtype."""

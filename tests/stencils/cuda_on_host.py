@@ -82,7 +82,7 @@ class HostKernel:
         pointers = [a.ctypes.data for a in binding.arrays]
         launches = 0
         for bounds in binding.regions[region]:
-            shape = codegen_cuda.launch_shape(binding.grid.ndim, bounds)
+            shape = codegen_cuda.launch_shape(binding.grid.ndim, bounds, binding.rows_per_thread)
             if shape is None:
                 continue
             grid, block = shape

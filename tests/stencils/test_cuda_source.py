@@ -63,10 +63,17 @@ def test_nvrtc_compiles_the_kernel_for_sm90_without_fma(case, dtype):
 
 
 @pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler to run the CUDA source on the host")
+@pytest.mark.parametrize("rows", ["default", 3])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("case", range(len(ALL)), ids=[k.__name__ for k, *_ in ALL])
-def test_cuda_source_run_on_the_host_equals_the_cpu_kernel_bitwise(case, dtype, tmp_path_factory):
+def test_cuda_source_run_on_the_host_equals_the_cpu_kernel_bitwise(case, dtype, rows, tmp_path_factory, monkeypatch):
+    """Every cell once, ghosts untouched, CPU bits; with the default rows per thread and with 3, which
+    leaves a partial group of rows at the end of the odd-sized regions."""
     kernel, params, shape, halo = ALL[case]
+    if rows != "default":
+        if len(shape) < 2:
+            pytest.skip("1D kernels update one cell per thread")
+        monkeypatch.setitem(codegen_cuda.ROWS_PER_THREAD, dtype, rows)
     binding = _binding(kernel, shape, halo, dtype, seed=case)
     host = HostKernel(binding, tmp_path_factory.getbasetemp() / "cuda_on_host")
     for region_order in (("owned",), ("interior", "rim")):
@@ -92,3 +99,12 @@ def test_launch_shape_covers_a_region_with_whole_blocks():
     assert block == codegen_cuda.BLOCK_SHAPES[3]
     assert grid == (-(-65 // 32), -(-7 // 4), -(-5 // 2))   # x = the last (contiguous) array axis
     assert codegen_cuda.launch_shape(2, (3, 3, 0, 4)) is None
+
+
+def test_launch_shape_divides_the_coarse_axis_by_the_rows_per_thread():
+    grid, _ = codegen_cuda.launch_shape(2, (0, 33, 0, 70), rows=4)
+    assert grid == (-(-70 // 32), -(-(-(-33 // 4)) // 8), 1)
+    grid, _ = codegen_cuda.launch_shape(3, (0, 5, 0, 9, 0, 66), rows=2)
+    assert grid == (-(-66 // 32), -(-5 // 4), -(-5 // 2))   # 9 rows of axis 1 -> 5 threads -> 2 blocks of 4
+    with pytest.raises(ValueError):
+        codegen_cuda.cuda_source(ALL[4][0].definition, "float64", {"q": ((303,), (1,))}, (((303,), (1,)),), rows=2)
