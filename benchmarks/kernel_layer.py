@@ -15,8 +15,10 @@ target is >= 90%). The two kernels' outputs are compared bit for bit first.
 *GPU rows* (CuPy and a GPU present, else reported as pending): the same stencils at ``--gpu-n2d``
 (8192) and ``--gpu-n3d`` (512), float64 and float32, and Gray-Scott at ``--gpu-n2d``, timed with CUDA
 events around ``--sweeps`` launches; the effective bandwidth counts one read and one write of each
-field per cell, compared with the device-to-device copy bandwidth ``--copy-tbps`` (4.23 TB/s measured
-on one H200, docs/DEVICE.md); the target is >= 70%.
+field per cell, compared with the device-to-device copy bandwidth measured in the same run on the same
+GPU (:func:`hpcgpu.app.plausibility.measured_copy_bandwidth`, read + write bytes; ``--copy-tbps``
+overrides it); the target is >= 80%. A row above the measured copy is marked IMPLAUSIBLE (a timing
+or byte-count bug, not a result) and fails the program.
 
 Prints a table; ``--json FILE`` writes the rows with the machine, the date and the command.
 """
@@ -141,7 +143,12 @@ def gpu_rows(args, comm):
                 for label, shape in labels for dtype in ("float64", "float32")]
     import cupy
 
+    from hpcgpu.app.plausibility import measured_copy_bandwidth
+
     arch = hpcgpu.arch.auto(comm, backend="cupy")
+    copy_tbps = args.copy_tbps or measured_copy_bandwidth(cupy.cuda.Device().id) / 1e12
+    name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+    device = name.decode() if isinstance(name, bytes) else str(name)
     rows = []
     for label, shape in labels:
         for dtype in ("float64", "float32"):
@@ -171,7 +178,10 @@ def gpu_rows(args, comm):
             bytes_moved = 2 * len(names) * np.dtype(dtype).itemsize * cells
             rows.append({"device": "gpu", "stencil": label, "shape": list(shape), "dtype": dtype, "layer_s": seconds,
                          "layer_cells_per_s": cells / seconds, "effective_tbps": bytes_moved / seconds / 1e12,
-                         "of_copy_bandwidth": bytes_moved / seconds / 1e12 / args.copy_tbps, "status": "measured"})
+                         "copy_tbps": copy_tbps, "copy_source": "given" if args.copy_tbps else "measured",
+                         "gpu": device, "rows_per_thread": binding.rows_per_thread,
+                         "of_copy_bandwidth": bytes_moved / seconds / 1e12 / copy_tbps,
+                         "status": "measured" if bytes_moved / seconds / 1e12 <= copy_tbps else "IMPLAUSIBLE"})
     return rows
 
 
@@ -184,10 +194,11 @@ def print_table(rows):
             print(f"{'cpu':<6} {row['stencil']:<14} {shape:<16} {row['dtype']:<8} {row['threads']:>7} "
                   f"{row['layer_cells_per_s'] / 1e9:>8.3f} GLU {row['hand_cells_per_s'] / 1e9:>8.3f} GLU "
                   f"{row['layer_over_hand']:>9.1%} {'same' if row['bitwise_equal'] else 'DIFF':>5}")
-        elif row["status"] == "measured":
+        elif row["status"] in ("measured", "IMPLAUSIBLE"):
             print(f"{'gpu':<6} {row['stencil']:<14} {shape:<16} {row['dtype']:<8} {'':>7} "
                   f"{row['layer_cells_per_s'] / 1e9:>8.1f} GLU {row['effective_tbps']:>8.2f} TB/s "
-                  f"{row['of_copy_bandwidth']:>9.1%} of copy")
+                  f"{row['of_copy_bandwidth']:>9.1%} of copy ({row['copy_tbps']:.2f} TB/s {row['copy_source']}, "
+                  f"{row['gpu']}){'  IMPLAUSIBLE' if row['status'] == 'IMPLAUSIBLE' else ''}")
         else:
             print(f"{'gpu':<6} {row['stencil']:<14} {shape:<16} {row['dtype']:<8} {row['status']}")
 
@@ -201,7 +212,8 @@ def main(argv=None):
     parser.add_argument("--gpu-n3d", type=int, default=512, help="GPU 3D grid side [512]")
     parser.add_argument("--sweeps", type=int, default=10, help="sweeps per timing [10]")
     parser.add_argument("--repeats", type=int, default=7, help="timings per kernel [7]")
-    parser.add_argument("--copy-tbps", type=float, default=4.23, help="device copy bandwidth, TB/s [4.23]")
+    parser.add_argument("--copy-tbps", type=float, default=None,
+                        help="device copy bandwidth in TB/s to compare with [measured in this run]")
     parser.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto",
                         help="numpy: CPU rows only; cupy: GPU rows required [auto]")
     parser.add_argument("--json", metavar="FILE", help="write the rows as JSON")
@@ -215,7 +227,7 @@ def main(argv=None):
                   "git_commit": git_commit(), "machine": platform.node(), "cpu": platform.processor(),
                   "cpus": len(os.sched_getaffinity(0)), "command": " ".join(sys.argv), "rows": rows}
         Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
-    return 0
+    return 1 if any(row.get("status") == "IMPLAUSIBLE" for row in rows) else 0
 
 
 if __name__ == "__main__":
