@@ -102,7 +102,9 @@ def cuda_source(definition, dtype, field_layouts: dict, output_layouts: tuple, r
     """
     ndim = definition.ndim
     printer = _CudaPrinter(ndim, c_type(dtype), field_layouts)
-    for layout in output_layouts:
+    # Every base index is declared before the body: register the outputs' and every input's layout now
+    # (an input whose padded shape or ghost widths differ from the outputs' has a base of its own).
+    for layout in (*output_layouts, *(field_layouts[name] for name in definition.fields)):
         printer.base_of(layout)
     signature = ",\n    ".join(f"{ctype} {name}" for ctype, name in kernel_arguments(definition, dtype))
     launch_axes = ["x", "y", "z"]

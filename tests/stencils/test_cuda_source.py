@@ -108,3 +108,38 @@ def test_launch_shape_divides_the_coarse_axis_by_the_rows_per_thread():
     assert grid == (-(-66 // 32), -(-5 // 4), -(-5 // 2))   # 9 rows of axis 1 -> 5 threads -> 2 blocks of 4
     with pytest.raises(ValueError):
         codegen_cuda.cuda_source(ALL[4][0].definition, "float64", {"q": ((303,), (1,))}, (((303,), (1,)),), rows=2)
+
+
+@pytest.mark.skipif(compiler() is None, reason="needs a host C++ compiler to run the CUDA source on the host")
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_inputs_with_other_ghost_widths_than_the_output_get_their_own_base_index(dtype, tmp_path_factory):
+    """A coefficient field with a wider halo than the output has another padded shape, hence another base
+    index; the source declares it (NVRTC refused an undeclared one) and the host build gives the CPU bits."""
+    import hpcgpu
+
+    comm = hpcgpu.Communicator()
+    arch = hpcgpu.arch.auto(comm, backend="numpy")
+    grid = hpcgpu.Decomposition(comm, (23, 17), periodic=True)
+    u = hpcgpu.Field(grid, arch, halo_width=1, dtype=dtype, name="u")
+    k = hpcgpu.Field(grid, arch, halo_width=(2, 3), dtype=dtype, name="k")
+    out = hpcgpu.Field(grid, arch, halo_width=1, dtype=dtype, name="out")
+    rng = np.random.default_rng(7)
+    u.data[...], k.data[...] = rng.random(u.data.shape), rng.random(k.data.shape)
+    binding = _variable_diffusion().bind(out, {"u": u, "k": k})
+    source = binding.cuda_source()
+    assert source.count("const long long base_") == 2, source
+    host = HostKernel(binding, tmp_path_factory.getbasetemp() / "cuda_on_host")
+    host.run("owned", {})
+    from_cuda_source = out.data.copy()
+    binding.run("owned", binding.parameter_values({}))
+    np.testing.assert_array_equal(from_cuda_source, out.data)
+
+
+def _variable_diffusion():
+    import hpcgpu
+
+    @hpcgpu.stencil
+    def variable_diffusion(u, k):
+        return u[0, 0] + k[0, 0] * (u[-1, 0] + u[1, 0] + u[0, -1] + u[0, 1] - 4 * u[0, 0])
+
+    return variable_diffusion
