@@ -96,9 +96,9 @@ class ShallowWater(hpcgpu.FieldModel):
         super().__init__(comm, arch, grid, names=("h", "u", "v"), halo_width=stage.halo_width)
         for name in "huv":
             self.current[name].set_from_global(lambda row, column: jet(name, row, column, nx, ny, dx))
-        self.stages = [{n: hpcgpu.Field(grid, arch, halo_width=stage.halo_width, name=n) for n in "huv"} for _ in "12"]
-        # Read at the cell only (no halo): f at its south-west and north-west corners, 0 on the wall v faces.
-        self.coefficients = {n: hpcgpu.Field(grid, arch, halo_width=0, name=n) for n in ("f", "f_north", "v_open")}
+        self.stages = [{n: hpcgpu.Field(grid, arch, halo_width=2, name=n) for n in "huv"} for _ in range(2)]
+        # Read at the cell only, never exchanged: f at its south-west and north-west corners, 0 on the wall v faces.
+        self.coefficients = {n: hpcgpu.Field(grid, arch, halo_width=2, name=n) for n in ("f", "f_north", "v_open")}
         self.coefficients["f"].set_from_global(lambda row, column: F0 + BETA * (row * dx - 0.5 * (ny * dx)))
         self.coefficients["f_north"].set_from_global(lambda row, column: F0 + BETA * ((row + 1) * dx - 0.5 * (ny * dx)))
         self.coefficients["v_open"].set_from_global(lambda row, column: ((row > 0) & (row < ny)) * 1.0)

@@ -4,6 +4,7 @@ splits the channel between its walls, so each rank owns one wall)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -18,6 +19,13 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "shallow_water.py"
 #: Small enough for CI, long enough for the jet to be visibly perturbed: 300 steps of about 70 s.
 GRID = ["--backend", "numpy", "--nx", "40", "--ny", "24", "--steps", "300"]
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("example_shallow_water", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run(command, n_ranks, out: Path, *extra):
@@ -49,3 +57,27 @@ def test_example_equals_the_bundled_app_bit_for_bit(app_run, n_ranks, dims, tmp_
         h = mine["h"].isel(time=-1).values
         np.testing.assert_array_equal(h.astype(np.float32), theirs["h"].isel(time=-1).values)
         assert np.abs(h - mine["h"].isel(time=0).values).max() > 1e-3
+
+
+def test_the_stage_compiles_for_the_gpu_without_fma():
+    """NVRTC compiles the stage's CUDA C for sm_90 with the model's own fields (the GPU form, without a GPU)."""
+    nvrtc = pytest.importorskip("hpcgpu.stencils.nvrtc")
+    import hpcgpu
+    from hpcgpu.app.cli import FrozenOptions
+    from hpcgpu.errors import BackendError
+    from hpcgpu.stencils import codegen_cuda
+
+    example = load_example()
+    comm = hpcgpu.Communicator()
+    model = example.ShallowWater(comm, hpcgpu.arch.auto(comm, backend="numpy"),
+                                 FrozenOptions(example.build_parser().parse_args(["--nx", "40", "--ny", "24"])))
+    state = model.current
+    inputs = {**state, "h0": state["h"], "u0": state["u"], "v0": state["v"], **model.coefficients}
+    source = example.stage.bind([model.stages[0][name] for name in "huv"], inputs).cuda_source()
+    try:
+        ptx = nvrtc.compile_to_ptx(source, codegen_cuda.NVRTC_OPTIONS, architecture="sm_90")
+    except BackendError as error:
+        if "not found" in str(error):
+            pytest.skip(str(error))
+        raise
+    assert ".entry stencil_stage" in ptx and "fma." not in ptx
