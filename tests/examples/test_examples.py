@@ -149,3 +149,11 @@ def test_a_changed_model_option_is_refused_on_restart_but_a_declared_one_is_not(
                      timeout=60, env=environment, cwd=str(ROOT))
     assert result.returncode != 0
     assert "--courant-x" in result.output
+
+
+def test_every_example_is_run_by_a_test():
+    """Each examples/NAME.py runs in CI: it is a case above or has its own tests/examples/test_NAME.py."""
+    own_tests = {path.name for path in Path(__file__).parent.glob("test_*.py")}
+    unrun = [path.name for path in sorted(EXAMPLES.glob("*.py"))
+             if path.stem not in CASES and f"test_{path.stem}.py" not in own_tests]
+    assert not unrun, f"examples without a test: {unrun}; add a case to CASES or tests/examples/test_NAME.py"

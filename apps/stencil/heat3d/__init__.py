@@ -2,7 +2,8 @@
 
 - :mod:`~apps.stencil.heat3d.problem` — Fourier-mode initial state, exact discrete solution, stability.
 - :mod:`~apps.stencil.heat3d.step` — :func:`heat3d_step`, one step over a region of a padded array.
-- :mod:`~apps.stencil.heat3d.cpu` / :mod:`~apps.stencil.heat3d.gpu` — the Numba and CUDA kernels.
+- :mod:`~apps.stencil.heat3d.stencil` — the update of one cell as an ``@hpcgpu.stencil`` function, whose
+  generated Numba kernel is the CPU step; :mod:`~apps.stencil.heat3d.gpu` — the CUDA kernel.
 """
 
 from apps.stencil.heat3d.problem import (

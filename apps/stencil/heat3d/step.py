@@ -73,7 +73,7 @@ def heat3d_step(
 
         heat3d_step_gpu(out, inp, bounds, r, threads_x, threads_y, planes_per_thread, periodic_ghosts)
         return
-    from apps.stencil.heat3d.cpu import fill_periodic_faces, heat3d_step_cpu
+    from apps.stencil.heat3d.stencil import fill_periodic_faces, heat3d_step_cpu
 
     heat3d_step_cpu(out, inp, bounds, r)
     if periodic_ghosts:

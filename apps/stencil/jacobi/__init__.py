@@ -2,7 +2,8 @@
 
 - :mod:`~apps.stencil.jacobi.problem` — the global problem: initial state, Dirichlet columns.
 - :mod:`~apps.stencil.jacobi.sweep` — :func:`jacobi_sweep`, one sweep over a region of a padded array.
-- :mod:`~apps.stencil.jacobi.cpu` / :mod:`~apps.stencil.jacobi.gpu` — the Numba and CUDA kernels.
+- :mod:`~apps.stencil.jacobi.stencil` — the update of one cell as an ``@hpcgpu.stencil`` function, whose
+  generated Numba kernel is the CPU sweep; :mod:`~apps.stencil.jacobi.gpu` — the CUDA kernels.
 - :mod:`~apps.stencil.jacobi.arrays` — argument checks shared with :mod:`apps.stencil.heat3d`.
 """
 

@@ -84,7 +84,7 @@ def jacobi_sweep(
             f"jacobi_sweep: variant {variant!r} is a GPU variant but the data are NumPy arrays; "
             f"use one of {CPU_VARIANTS} (or pass CuPy arrays)"
         )
-    from apps.stencil.jacobi.cpu import jacobi_sweep_cpu
+    from apps.stencil.jacobi.stencil import jacobi_sweep_cpu
 
     jacobi_sweep_cpu(out, inp, bounds, columns, residual)
 
