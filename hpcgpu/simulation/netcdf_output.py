@@ -212,10 +212,12 @@ class NetCDFOutput(Operation):
                     f"away or choose another --output")
         written = TimeAxis.of_schema(self.file.schema)
         if written != self.time_axis:
-            found_axis = written.describe() if written is not None else "records this output does not write"
-            return (f"{self.path} holds {found_axis}; this run's model declares {self.time_axis.describe()}: "
-                    f"move the file away or choose another --output (or declare the time the file was "
-                    f"written with)")
+            found_axis = (written.describe() if written is not None else
+                          f"records along {self.file.schema.record_dimension!r} without the time variables "
+                          f"this output writes")
+            return (f"{self.path} holds {found_axis}; this run writes {self.time_axis.describe()} (from its "
+                    f"model's time and time_units): move the file away or choose another --output, or declare "
+                    f"the time the file was written with")
         self._drop_records_after(simulation)
         return None
 

@@ -123,7 +123,7 @@ def whole(request, tmp_path_factory):
 
 
 def test_every_file_of_a_run_on_1_and_2_ranks_passes_the_cf_checker(whole, tmp_path):
-    name, _, outputs = whole
+    _, _, outputs = whole
     files = netcdf_files(outputs[1])
     assert files == netcdf_files(outputs[2])
     for file in files:
