@@ -19,8 +19,11 @@ import re
 import sys
 from pathlib import Path
 
+import compliance_checker  # noqa: F401  (test dependencies: a missing one fails these tests, never skips them)
+import netCDF4
 import numpy as np
 import pytest
+import xarray
 
 from hpcgpu.launch import run_command, run_mpi
 
@@ -63,7 +66,6 @@ def netcdf_files(out: Path) -> list[str]:
 
 def contents(path: Path) -> dict:
     """Every variable (values and attributes) and every global attribute but :data:`RUN_ATTRIBUTES`."""
-    netCDF4 = pytest.importorskip("netCDF4")
     with netCDF4.Dataset(path) as dataset:
         dataset.set_auto_mask(False)
         found = {f":{name}": str(dataset.getncattr(name)) for name in dataset.ncattrs() if name not in RUN_ATTRIBUTES}
@@ -86,8 +88,6 @@ def assert_same_contents(found: Path, reference: Path, global_attributes: bool =
 
 def assert_time_decodes_as_declared(path: Path) -> None:
     """A time in 'UNIT since DATE' decodes to dates; any other time stays the numbers in the file, units kept."""
-    xarray = pytest.importorskip("xarray")
-    netCDF4 = pytest.importorskip("netCDF4")
     with netCDF4.Dataset(path) as dataset:
         dataset.set_auto_mask(False)
         if "time" not in dataset.variables:
@@ -112,7 +112,6 @@ def assert_cf(path: Path, tmp_path: Path) -> None:
 @pytest.fixture(scope="module", params=EXAMPLES)
 def whole(request, tmp_path_factory):
     """``(name, flags, {ranks: output directory})`` of the uninterrupted runs of one example on 1 and 2 ranks."""
-    pytest.importorskip("compliance_checker")
     name = request.param
     flags = small_flags(name)
     outputs = {}
