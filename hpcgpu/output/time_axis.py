@@ -19,7 +19,7 @@ invent dates:
 - a **date** is a CF time coordinate: the records run along the dimension ``time``, whose
   coordinate variable ``time`` carries ``standard_name = "time"``, ``axis = "T"``, the units and the
   calendar; xarray decodes it to dates. A model with a numeric ``time`` and no ``time_units`` gets
-  this axis in ``"seconds since 2000-01-01 00:00:00"`` (the layout of earlier files).
+  this axis in ``"seconds since 2000-01-01 00:00:00"``: declare ``time_units`` to say what its time is.
 - **elapsed or dimensionless time** has no reference date, and a CF time coordinate must have one
   (CF-1.8 section 4.4: ``UNIT since DATE``); the CF checker also requires a dimension called
   ``time`` to have such a coordinate. So the records run along the dimension ``step`` (coordinate:
@@ -44,11 +44,11 @@ from hpcgpu.errors import ConfigurationError
 DEFAULT_DATE_UNITS = "seconds since 2000-01-01 00:00:00"
 DEFAULT_CALENDAR = "standard"
 
-#: UDUNITS spellings of the units of elapsed time that CF time coordinates use (no months or years:
-#: their length varies; CF-1.8 section 4.4 advises against them).
-ELAPSED_UNITS = ("s", "sec", "secs", "second", "seconds", "min", "mins", "minute", "minutes",
-                 "h", "hr", "hrs", "hour", "hours", "d", "day", "days")
-#: The CF-1.8 calendars xarray decodes (``"none"`` is CF too, but no common reader decodes it).
+#: UDUNITS spellings of the units of elapsed time that CF time coordinates use (each parses with UDUNITS-2;
+#: no months or years: their length varies, and CF-1.8 section 4.4 advises against them).
+ELAPSED_UNITS = ("s", "sec", "secs", "second", "seconds", "min", "minute", "minutes",
+                 "h", "hr", "hour", "hours", "d", "day", "days")
+#: The CF-1.8 calendars xarray decodes (``"none"`` is CF too, but xarray and cftime cannot decode it).
 CALENDARS = ("standard", "gregorian", "proleptic_gregorian", "noleap", "365_day", "all_leap", "366_day",
              "360_day", "julian")
 

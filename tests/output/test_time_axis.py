@@ -6,7 +6,7 @@ import pytest
 
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.output.netcdf_classic import Schema
-from hpcgpu.output.time_axis import DEFAULT_DATE_UNITS, TimeAxis, classify, time_axis_of
+from hpcgpu.output.time_axis import DEFAULT_DATE_UNITS, ELAPSED_UNITS, TimeAxis, classify, time_axis_of
 
 
 class Declared:
@@ -77,3 +77,12 @@ def test_the_axis_of_a_schema_is_the_axis_it_was_built_with(axis):
     other.dimensions = {"record": None}
     other.create_variable("step", ("record",), "i4")
     assert TimeAxis.of_schema(other) is None
+
+
+def test_every_accepted_unit_is_a_unit_of_time_for_udunits():
+    """The CF checker reads units with UDUNITS-2 (cf_units): each accepted spelling must parse there."""
+    import cf_units
+
+    for units in ELAPSED_UNITS:
+        assert cf_units.Unit(units).is_convertible("s"), units
+        assert cf_units.Unit(f"{units} since 2000-01-01").is_time_reference(), units
