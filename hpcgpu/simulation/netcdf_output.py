@@ -3,17 +3,30 @@
 An operation for :class:`hpcgpu.simulation.Simulation`. Each record gathers the named
 :class:`~hpcgpu.Field` objects to rank 0 (owned cells, global index order) and appends them to
 ``OUTPUT/FILENAME`` through :class:`~hpcgpu.output.netcdf_classic.RecordFile`, so a hard kill at any
-moment leaves every earlier record readable. The file holds::
+moment leaves every earlier record readable. The file follows CF-1.8 and passes the CF checker
+(``compliance-checker --test cf:1.8``) for any model. Its records run along a time axis that depends on
+what the model declares (``time``, ``time_units``, ``time_calendar``: :mod:`hpcgpu.output.time_axis`)::
 
-    step(time)            int32   the model's step at the record
-    time(time)            float64 model time, s since 2000-01-01 (only if the model has a ``time`` attribute)
+    the model declares                    records along   the time variable
+    time_units = "days since 1850-01-01"  time            time(time), a CF time coordinate: dates
+    a numeric time, no time_units         time            time(time) in "seconds since 2000-01-01 00:00:00"
+    time_units = "s", "hours", "days" ... step            time(step) in those units: elapsed, not dates
+    time_units = "1"                      step            time(step), dimensionless
+    no numeric time                       step            (none: the step is the coordinate)
+
+and holds::
+
+    step(R)               int32   the model's step at the record (the coordinate of the ``step`` axis)
+    time(R)               float64 the model's ``time`` at the record, in its ``time_units`` (see above)
     <coordinate>(<axis>)  float64 cell centres: (i + 1/2) * spacing, or the index i when no spacing is given
-    <name>(time, ...)     float32 or float64, one variable per field (``long_name``, ``units`` as given)
+    <name>(R, ...)        float32 or float64, one variable per field (``long_name``, ``units`` as given)
 
 A fresh run writes the initial state first and refuses an existing file; a restarted run
 (``--restart``, also ``--restart latest`` that finds no checkpoint yet) appends to the file of the run
-it continues, dropping the records after the step it restarts from (and a record at that very step that the trigger would not have written, such as the
-final record of a job stopped by SIGTERM), so the file ends up equal to an uninterrupted run's.
+it continues, dropping the records after the step it restarts from (and a record at that very step that
+the trigger would not have written, such as the final record of a job stopped by SIGTERM), so the file
+ends up equal to an uninterrupted run's. A file written with another time axis or other fields is not
+continued (the message says what differs).
 """
 
 from __future__ import annotations
@@ -28,18 +41,20 @@ import hpcgpu
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.output.errors import output_error
 from hpcgpu.output.netcdf_classic import RecordFile, Schema
+from hpcgpu.output.time_axis import TimeAxis, time_axis_of
 from hpcgpu.simulation.operations import Operation
 from hpcgpu.simulation.triggers import Trigger
-
-#: Time axis of a model with a ``time`` attribute (CF-1.8): model seconds from a fixed, documented origin.
-TIME_ATTRIBUTES = {"units": "seconds since 2000-01-01 00:00:00", "calendar": "standard",
-                   "standard_name": "time", "long_name": "model time", "axis": "T"}
 
 _AXIS_NAMES = {1: ("x",), 2: ("y", "x"), 3: ("z", "y", "x")}
 
 
 class NetCDFOutput(Operation):
     """Append the named fields to a CF-1.8 netCDF file whenever ``trigger`` fires (rank 0 writes).
+
+    The time of each record is the model's: declare it on the model with ``time`` (a number, or a
+    property such as ``self.step_index * self.dt``) and ``time_units`` (``"1"``, ``"s"``, ``"days"``,
+    ``"days since 1850-01-01"`` ...; see :mod:`hpcgpu.output.time_axis`). A model without a time is
+    recorded by step.
 
     Parameters
     ----------
@@ -80,6 +95,10 @@ class NetCDFOutput(Operation):
         if self.axis_names is None or len(self.axis_names) != n_axes:
             raise ConfigurationError(f"NetCDFOutput needs axis_names for {n_axes}-dimensional fields "
                                      f"(one name per axis); found {axis_names!r}")
+        reserved = sorted({"step", "time"} & set(self.axis_names))
+        if reserved:
+            raise ConfigurationError(f"NetCDFOutput axis_names={self.axis_names!r} uses {', '.join(reserved)}, the "
+                                     f"names of the record axis and its variables: name the grid axes otherwise")
         if spacing is not None and len(spacing) != n_axes:
             raise ConfigurationError(f"spacing gives {len(spacing)} values for {n_axes} axes")
         self.filename, self.fields, self.dtype = filename, dict(fields), np.dtype(dtype)
@@ -87,12 +106,14 @@ class NetCDFOutput(Operation):
         self.standard_names, self.spacing, self.title = dict(standard_names or {}), spacing, title
         self.file = None
         self.path = None
+        self.time_axis: TimeAxis | None = None
 
     # ------------------------------------------------------------------ operation hooks
     def begin(self, simulation) -> None:
         """Open or create the file (collective verdict), then write the initial state of a fresh run."""
         comm = simulation.comm
         self.path = Path(simulation.output) / self.filename
+        self.time_axis = time_axis_of(simulation.model)   # raises the same error on every rank
         problem = None
         if comm.rank == 0:
             try:
@@ -113,7 +134,7 @@ class NetCDFOutput(Operation):
         if self.file is None:
             return
         record = {"step": np.int32(model.step_index)}
-        if "time" in self.file.schema.variables:
+        if self.time_axis.has_time:
             record["time"] = np.float64(model.time)
         record.update({name: np.asarray(values).astype(self.dtype) for name, values in gathered.items()})
         try:
@@ -137,11 +158,10 @@ class NetCDFOutput(Operation):
                              "source": f"{simulation.app} on hpcgpu {hpcgpu.__version__}",
                              "history": f"{stamp} created by {simulation.app}",
                              "configuration": json.dumps(self.configuration(), sort_keys=True)})
-        schema.dimensions = {"time": None, **dict(zip(self.axis_names, self.global_shape))}
-        step = schema.create_variable("step", ("time",), "i4")
-        step.attrs["long_name"] = "model step"
-        if isinstance(getattr(model, "time", None), (int, float)):
-            schema.create_variable("time", ("time",), "f8").attrs.update(TIME_ATTRIBUTES)
+        time_axis = self.time_axis if self.time_axis is not None else time_axis_of(model)
+        records = time_axis.record_dimension
+        schema.dimensions = {records: None, **dict(zip(self.axis_names, self.global_shape))}
+        time_axis.add_to(schema)
         for axis, (name, size) in enumerate(zip(self.axis_names, self.global_shape)):
             coordinate = schema.create_variable(name, (name,), "f8")
             if self.spacing is not None:
@@ -152,9 +172,9 @@ class NetCDFOutput(Operation):
                 coordinate.attrs.update({"units": "1", "long_name": f"{name} cell index"})
             # No ``axis`` attribute: CF reads axis X/Y as longitude/latitude, which a model's own grid is not.
         for name in self.fields:
-            variable = schema.create_variable(name, ("time", *self.axis_names), self.dtype)
+            variable = schema.create_variable(name, (records, *self.axis_names), self.dtype)
             variable.attrs.update({"units": self.units.get(name, "1"),
-                                   "long_name": self.long_names.get(name, name)})
+                                   "long_name": self.long_names.get(name, name), **time_axis.field_attributes()})
             if name in self.standard_names:
                 variable.attrs["standard_name"] = self.standard_names[name]
             variable.attrs["comment"] = f"stored as {self.dtype}; the field is {self.fields[name].dtype}"
@@ -190,6 +210,14 @@ class NetCDFOutput(Operation):
         if found != self.configuration():
             return (f"{self.path} was written with {found}, this run writes {self.configuration()}: move it "
                     f"away or choose another --output")
+        written = TimeAxis.of_schema(self.file.schema)
+        if written != self.time_axis:
+            found_axis = (written.describe() if written is not None else
+                          f"records along {self.file.schema.record_dimension!r} without the time variables "
+                          f"this output writes")
+            return (f"{self.path} holds {found_axis}; this run writes {self.time_axis.describe()} (from its "
+                    f"model's time and time_units): move the file away or choose another --output, or declare "
+                    f"the time the file was written with")
         self._drop_records_after(simulation)
         return None
 

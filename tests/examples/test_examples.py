@@ -101,7 +101,7 @@ def test_example_equals_the_serial_reference(name, n_ranks, tmp_path):
 
     with xarray.open_dataset(tmp_path / f"{name}.nc") as data:
         for field, values in expected.items():
-            np.testing.assert_array_equal(data[field].isel(time=-1).values,
+            np.testing.assert_array_equal(data[field].isel(step=-1).values,
                                           values.astype(data[field].dtype))
 
 

@@ -2,7 +2,9 @@
 
 After ``s`` steps cell ``(j, i)`` holds ``j * 1000 + i + s * (1 + (i + 2 j) % 5) / 8`` exactly (all
 values are multiples of 1/8 below 2**40), so any rank count gives the same bits and the serial
-reference is a formula. Runs as an app: ``python -m tests.output.field_model --output DIR ...``.
+reference is a formula. The model time is ``60 * step`` in the units ``--time-units`` declares
+(``legacy``: a numeric ``time`` and no ``time_units``; ``none``: no time). Runs as an app:
+``python -m tests.output.field_model --output DIR ...``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ def expected(step: int, shape=GLOBAL_SHAPE) -> np.ndarray:
 
 class Ramp(Model):
     name, unit, default_steps = "ramp", "cell-updates/s", 20
+    # The tests change the time declaration on restart: NetCDFOutput must refuse that, not the checkpoint.
+    restart_independent_options = frozenset({"time_units", "time_calendar"})
 
     def __init__(self, comm, arch, options):
         self.comm, self.arch, self.step_index = comm, arch, 0
@@ -40,14 +44,21 @@ class Ramp(Model):
         j, i = np.indices(self.u.interior.shape)
         self.increment = (1 + ((i + start[1]) + 2 * (j + start[0])) % 5) / 8
         self.updates_per_step = int(np.prod(GLOBAL_SHAPE))
-        self.time = 0.0
         self.dt = 60.0
+        self.has_time = options.time_units != "none"
+        if options.time_units not in ("none", "legacy"):
+            self.time_units = options.time_units
+        if options.time_calendar is not None:
+            self.time_calendar = options.time_calendar
+
+    @property
+    def time(self):
+        return self.step_index * self.dt if self.has_time else None
 
     def step(self, timers):
         with timers.phase("compute"):
             self.u.interior[...] += self.increment
         self.step_index += 1
-        self.time = self.step_index * self.dt
 
     def describe(self):
         return f"ramp {GLOBAL_SHAPE}"
@@ -63,7 +74,6 @@ class Ramp(Model):
         if restored is None:
             return None
         self.step_index = restored.step
-        self.time = self.step_index * self.dt
         return restored.step
 
     def checksum(self):
@@ -77,6 +87,8 @@ def build_parser(rank=0):
     parser = common_parser("tests.output.field_model", "a ramp on a field, written with NetCDFOutput", rank=rank)
     parser.add_argument("--output-every", type=positive_int, default=3)
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float64")
+    parser.add_argument("--time-units", default="legacy", help="the model's time_units, 'legacy' or 'none'")
+    parser.add_argument("--time-calendar", default=None, help="the model's time_calendar")
     return parser
 
 
