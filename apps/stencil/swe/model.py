@@ -33,6 +33,9 @@ class SweModel(ShallowWaterModel):
     arrays_per_cell = 6
     default_days = 6.0
     diagnostic_names = DIAGNOSTIC_NAMES
+    #: What --viscosity and --hyperviscosity mean when left unset: SWEParameters' defaults.
+    unset_option_values = {name: SWEParameters.__dataclass_fields__[name].default
+                           for name in ("viscosity", "hyperviscosity")}
 
     def __init__(self, comm, arch, options):
         self.comm, self.arch = comm, arch
