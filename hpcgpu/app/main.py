@@ -16,7 +16,7 @@ import hpcgpu
 from hpcgpu.app.cli import parse_args
 from hpcgpu.errors import ConfigurationError, OutputError, rank_prefix, replicated
 from hpcgpu.runtime.abort import EXIT_USAGE, exit_without_teardown
-from hpcgpu.runtime.fault_injection import maybe_fail
+from hpcgpu.runtime.fault_injection import check_request as check_fault_request, maybe_fail
 from hpcgpu.profiling import handle_profile_flag
 
 #: Environment variables in which launchers give a process its rank in MPI_COMM_WORLD, before MPI_Init:
@@ -84,6 +84,7 @@ def parse_on_every_rank(comm, build_parser, argv):
     problem, options = None, None
     try:
         options = parse_args(build_parser(comm.rank), argv)
+        check_fault_request(comm.size)
         maybe_fail("parse", comm.rank)
     except ConfigurationError as exc:
         problem = str(exc)
