@@ -76,7 +76,8 @@ def _cgroup_headroom() -> int | None:
         if controllers == "":                            # cgroup v2
             base, limit_name, usage_name = "/sys/fs/cgroup" + path, "memory.max", "memory.current"
         elif "memory" in controllers.split(","):         # cgroup v1
-            base, limit_name, usage_name = "/sys/fs/cgroup/memory" + path, "memory.limit_in_bytes", "memory.usage_in_bytes"
+            base, limit_name, usage_name = ("/sys/fs/cgroup/memory" + path, "memory.limit_in_bytes",
+                                            "memory.usage_in_bytes")
         if base is None:
             continue
         limit, usage = _read_int(os.path.join(base, limit_name)), _read_int(os.path.join(base, usage_name))

@@ -13,8 +13,9 @@
               file, so ``write`` means ``write:0``)
 
 :func:`check_request` refuses a request that can never fire (an unknown phase, a rank the job does
-not have, ``write`` on a rank other than 0), with one line, before the run starts. Used by the fault-injection tests and ``benchmarks/fault_campaign.py``; unset, it costs one
-dictionary lookup per call.
+not have, ``write`` on a rank other than 0), with one line, before the run starts. Used by the
+fault-injection tests and ``benchmarks/fault_campaign.py``; unset, it costs one dictionary lookup per
+call.
 """
 
 from __future__ import annotations
