@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -15,7 +14,9 @@ def main(argv=None) -> int:
         from hpcgpu.jobscript import main as jobscript_main
 
         return jobscript_main(argv[1:], prog=f"{prog} jobscript")
-    parser = argparse.ArgumentParser(
+    from hpcgpu.app.cli import CommandParser   # one-line usage errors, printed by rank 0 only
+
+    parser = CommandParser(
         prog=prog,
         description="hpcgpu: MPI + GPU scientific computing. Run under mpiexec/srun for one row per rank.",
     )

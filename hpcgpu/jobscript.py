@@ -34,6 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import hpcgpu
+from hpcgpu.app.cli import CommandParser
 from hpcgpu.jobscript_shipped import CHECKOUT_SOURCE_LINE, WRITE_COMMAND, write_shipped
 from hpcgpu.jobscript_template import SCRIPTS, BatchScript, render_batch_script
 
@@ -57,7 +58,7 @@ Then: sbatch FILE. Every knob of the scripts (HPCGPU_APP_ARGS, HPCGPU_SRUN_MPI, 
 
 
 def build_parser(prog: str = "hpcgpu jobscript") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
         description="Write a Slurm batch script for an hpcgpu app (one MPI rank per GPU), or list / copy the "
                     "shipped templates. App flags go after `--`.")

@@ -15,6 +15,7 @@ the same ghosts and list from those and continues bitwise with the same rank cou
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 import numpy as np
@@ -22,12 +23,13 @@ import numpy as np
 from hpcgpu.app.cli import common_parser, non_negative_int, positive_int
 from hpcgpu.app.environment import prepare_output
 from hpcgpu.app.main import run_app
+from hpcgpu.app.memory import MemoryEstimate, refuse_if_too_large
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.monitor import add_monitor_arguments
 from hpcgpu.particles import ParticleDomain
 from hpcgpu.simulation import Simulation, setup_architecture
 
-from . import distributed, system
+from . import distributed, lattice, system
 from .potential import lennard_jones
 from .serial import EXCHANGES, MDConfig
 from .simulation_model import LennardJonesModel, ThermoOutput, TrajectoryOutput
@@ -159,6 +161,27 @@ def make_config(options) -> MDConfig:
                     exchange=getattr(options, "exchange", "auto"))
 
 
+def memory_estimate(options, config, n_ranks: int, on_gpu: bool) -> MemoryEstimate | None:
+    """A lower bound of the bytes the largest rank's atoms take (host, or GPU memory on a GPU); None for --data.
+
+    Per owned atom: positions, velocities and forces (3 components each, of the run's precision), id,
+    image flags and type, and its neighbours (int32 each): on average the lattice's density times the
+    volume of the sphere of cutoff + skin. The list's spare capacity and ghost atoms only add to it.
+    """
+    if options.data:
+        return None   # the file's atoms are read already; their count is what it is
+    n_atoms = lattice.BASES[options.lattice].shape[0] * math.prod(_cells(options.cells))
+    per_rank = -(-n_atoms // n_ranks)
+    itemsize = 8 if options.precision == "fp64" else 4
+    reach = config.potential.max_cutoff + config.skin
+    density = options.density if math.isfinite(options.density) and options.density > 0 else 0.0   # checked later
+    neighbours = math.floor(density * 4.0 / 3.0 * math.pi * reach**3)
+    per_atom = 3 * 3 * itemsize + 8 + 3 * 4 + 4 + 4 * neighbours
+    return MemoryEstimate(per_rank * per_atom, "gpu" if on_gpu else "host",
+                          f"{n_atoms:.3g} atoms, {per_rank:.3g} per rank x {per_atom} bytes (state and "
+                          f"{neighbours} neighbours each)")
+
+
 def build_state(comm, arch, options, config):
     """Collective: domain and initial state from the lattice options or ``--data``; returns (state, atoms)."""
     dims = _dims(options.dims)
@@ -190,6 +213,9 @@ def run(options, comm) -> dict:
     config = make_config(options)
     steps = options.steps if options.steps is not None else 100
     arch = setup_architecture(comm, options)   # arch.auto, then the job's transport (--transport)
+    estimate = memory_estimate(options, config, comm.size, arch.is_gpu)
+    if estimate is not None:
+        refuse_if_too_large(comm, "apps.md", estimate, "use fewer --cells, more ranks or nodes, or --precision fp32")
     # Checks every output path (--write-data too) before the run, so its results are never lost at the end.
     output = prepare_output(comm, arch, options, files={"--write-data": options.write_data})
     setup_started = time.perf_counter()

@@ -2,24 +2,23 @@
 
 A thermo quantity such as ``E_pair = sum_i e_i`` summed naively depends on the order of the terms: on
 how atoms are spread over ranks and ordered inside a rank. To make 1, 2, ... N ranks print the same
-numbers, each rank turns its values into Shewchuk's *non-overlapping partials* (the exact sum, held as a
-short list of floats; Shewchuk 1997, Python's ``math.fsum``), the ranks allgather those lists, and every
-rank adds them with ``math.fsum``. The result is the correctly rounded value of the exact sum of all
-per-atom terms: independent of the order of atoms and of the number of ranks. What remains
-decomposition-dependent is only the per-atom terms themselves (the force on an atom is summed over its
-neighbours in an order that depends on the local cell binning), which differ in the last bits.
+numbers, each rank turns its values into their exact sum (:func:`hpcgpu.reductions.exact_sum`: Shewchuk's
+non-overlapping partials, as in Python's ``math.fsum``, held as one integer), the ranks allgather those,
+and every rank rounds their exact total once (:func:`hpcgpu.reductions.rounded_total`). The result is the
+correctly rounded value of the exact sum of all per-atom terms: independent of the order of atoms and of
+the number of ranks. What remains decomposition-dependent is only the per-atom terms themselves (the
+force on an atom is summed over its neighbours in an order that depends on the local cell binning),
+which differ in the last bits.
 
-Cost: O(n_local) on the host (Numba, :func:`hpcgpu.reductions.exact_partials`) plus one small allgather,
+Cost: O(n_local) on the host (Numba, :func:`hpcgpu.reductions.exact_sum`) plus one small allgather,
 paid on thermo steps only.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from hpcgpu.reductions import exact_partials
+from hpcgpu.reductions import exact_sum, rounded_total
 
 
 def global_sums(comm, columns) -> list[float]:
@@ -34,7 +33,6 @@ def global_sums(comm, columns) -> list[float]:
     -------
     list of float, the same on every rank and for every decomposition of the same terms.
     """
-    local = [exact_partials(np.atleast_1d(np.asarray(column, dtype=np.float64))) for column in columns]
+    local = [exact_sum(np.atleast_1d(np.asarray(column, dtype=np.float64))) for column in columns]
     everyone = comm.mpi.allgather(local)
-    return [math.fsum(np.concatenate([rank_partials[k] for rank_partials in everyone]).tolist())
-            for k in range(len(columns))]
+    return [rounded_total([rank_sums[k] for rank_sums in everyone]) for k in range(len(columns))]

@@ -64,6 +64,8 @@ class LennardJonesModel(Model):
     graph_unsupported = ("its steps launch CUDA graphs of their own (device-resident chunks whose replay is redone "
                          "after a capacity overflow, apps.md.chunked_graphs; the halves of a step, apps.md.step_graph), "
                          "chosen by the MD options --resident and --graph")
+    #: --target-temperature left unset is --temperature (apps.md.app.make_config).
+    unset_option_values = {"target_temperature": lambda options: options.get("--temperature")}
 
     def __init__(self, comm, arch, state, atoms, config, options, final_step: int, setup_seconds: float = 0.0):
         self.comm, self.arch, self.state, self.atoms, self.config = comm, arch, state, atoms, config

@@ -8,11 +8,14 @@ interior), its output the model's ``after_step`` and ``finish`` (snapshots, plot
 
 from __future__ import annotations
 
+import math
+
 from hpcgpu.app.checkpointing import fingerprinted_options
 from hpcgpu.app.cli import (FrozenOptions, common_parser, finite_float, float_in, non_negative_float,
                             non_negative_int, positive_float, positive_int)
 from hpcgpu.app.environment import prepare_output
 from hpcgpu.app.main import run_app
+from hpcgpu.app.memory import MemoryEstimate, refuse_if_too_large
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.monitor import add_monitor_arguments
 from hpcgpu.simulation import Periodic, Simulation, nccl_channel_limit, setup_architecture
@@ -151,6 +154,22 @@ def resolve_options(options) -> FrozenOptions:
     return FrozenOptions(options, **changes)
 
 
+def memory_estimate(config, n_ranks: int, on_gpu: bool) -> MemoryEstimate:
+    """A lower bound of the bytes the largest rank's model state takes (host, or GPU memory on a GPU).
+
+    The model's ``arrays_per_cell`` full-size arrays of its precision over at least ``cells / n_ranks``
+    cells (halos and the decomposition's remainder only add to it).
+    """
+    model = model_class(config)
+    cells = math.prod(getattr(config, axis) for axis in model.default_shape)
+    per_rank = -(-cells // n_ranks)
+    itemsize = 4 if config.precision == "fp32" else 8
+    shape = " x ".join(str(getattr(config, axis)) for axis in model.default_shape)
+    return MemoryEstimate(model.arrays_per_cell * itemsize * per_rank, "gpu" if on_gpu else "host",
+                          f"{model.name} on {shape} cells: {per_rank:.3g} cells per rank x {model.arrays_per_cell} "
+                          f"arrays x {itemsize} bytes")
+
+
 def make_model(comm, arch, options):
     """Collective: the model of ``options`` (parsed or already resolved), with its initial state."""
     config = options if isinstance(options, FrozenOptions) else resolve_options(options)
@@ -162,6 +181,8 @@ def run(options, comm) -> dict:
     config = resolve_options(options)
     with nccl_channel_limit(config.nccl_channels):   # read by NCCL when the first exchange creates its communicator
         arch = setup_architecture(comm, config)   # arch.auto, then the job's transport (--transport)
+        refuse_if_too_large(comm, "apps.stencil", memory_estimate(config, comm.size, arch.is_gpu),
+                            "use a smaller grid (--nx, --ny, --nz), more ranks or nodes, or --precision fp32")
         model = make_model(comm, arch, config)
         output = prepare_output(comm, arch, config)   # checks every output path (environment.json follows in Simulation.run)
         simulation = Simulation(

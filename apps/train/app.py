@@ -19,6 +19,7 @@ from hpcgpu.app.checkpointing import fingerprinted_options
 from hpcgpu.app.cli import FrozenOptions, common_parser, non_negative_int, positive_int
 from hpcgpu.app.environment import prepare_output
 from hpcgpu.app.main import run_app
+from hpcgpu.app.memory import MemoryEstimate, refuse_if_too_large
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.monitor import add_monitor_arguments
 from hpcgpu.simulation import AtEnd, Periodic, Simulation, nccl_channel_limit, setup_architecture
@@ -310,6 +311,27 @@ def _data_error(path, exc) -> str:
     return text
 
 
+def memory_estimate(config, on_gpu: bool) -> MemoryEstimate | None:
+    """A lower bound of the bytes each rank's weights and gradients take; None for the small fixed models.
+
+    large-mlp: ``depth x width**2`` hidden weights; residual-mlp: ``depth x 2 x width x hidden``, split
+    over the tensor- and pipeline-parallel ranks. Each weight is held in float32 and its gradient in the
+    run's precision; optimizer moments, activations and the input and output layers only add to it.
+    """
+    if config.model == "large-mlp":
+        n_weights = config.depth * config.width**2
+    elif config.model == "residual-mlp":
+        n_weights = config.depth * 2 * config.width * config.hidden
+    else:
+        return None
+    shards = config.tensor_parallel * config.pipeline_parallel
+    per_rank = -(-n_weights // shards)
+    per_weight = 4 + (4 if config.precision == "fp32" else 2)
+    return MemoryEstimate(per_rank * per_weight, "gpu" if on_gpu else "host",
+                          f"{config.model} of {n_weights:.3g} hidden weights, {per_rank:.3g} per rank x "
+                          f"{per_weight} bytes (weight and gradient)")
+
+
 def build_model(options, sample_shape, n_classes):
     """The network of ``--model`` for samples of ``sample_shape`` and ``n_classes`` classes."""
     if len(sample_shape) != 1:
@@ -365,6 +387,10 @@ def run(options, comm) -> dict:
         check_allreduce(comm, config.allreduce, is_gpu=arch.is_gpu, zero_stage=config.zero)   # --backend auto
         # arch.auto chose the backend on every rank together: every rank raises the same message
         check_bf16(config, is_gpu=arch.is_gpu)
+        estimate = memory_estimate(config, arch.is_gpu)
+        if estimate is not None:
+            refuse_if_too_large(comm, "apps.train", estimate, "use a smaller --width, --depth or --hidden, or split "
+                                "the model over more ranks (--tensor-parallel, --pipeline-parallel)")
         output = prepare_output(comm, arch, config)   # checks every output path first (environment.json follows in Simulation.run)
         data = load_data(config, comm)
         if config.batch_size > data.source.n_samples:

@@ -77,18 +77,39 @@ def fingerprinted_options(options, excluded=RESTART_INDEPENDENT_OPTIONS) -> dict
     return {"--" + key.replace("_", "-"): value for key, value in sorted(values.items()) if key not in excluded}
 
 
+def resolve_unset_options(fingerprint: dict | None, unset_values) -> dict | None:
+    """``fingerprint`` (flag -> value) with each option of ``unset_values`` that is ``None`` replaced by
+    the value used then (see :attr:`hpcgpu.simulation.Model.unset_option_values`); a new dict.
+
+    Applied to a run's options and to those a checkpoint recorded (a checkpoint written before the
+    model declared an option recorded ``None`` for it), so restart checks compare resolved values.
+    """
+    if fingerprint is None:
+        return None
+    resolved = dict(fingerprint)
+    for destination, value in unset_values.items():
+        flag = "--" + destination.replace("_", "-")
+        if flag in resolved and resolved[flag] is None:
+            resolved[flag] = value(fingerprint) if callable(value) else value
+    return resolved
+
+
 class RunControl:
     """Checkpointing and stop requests of one run, configured from the common flags."""
 
     def __init__(self, comm, options, app: str, output, quiet: bool = False,
                  stop_check_every: int = STOP_CHECK_EVERY, config: dict | None = None,
-                 excluded_options=RESTART_INDEPENDENT_OPTIONS):
+                 excluded_options=RESTART_INDEPENDENT_OPTIONS, unset_values=None):
         """``stop_check_every``: steps between the ranks' agreement on stopping (one small allreduce);
         an app whose steps are long (training) checks every step.
 
         ``config``: the options that define the run's configuration (fingerprinted, see
         :mod:`hpcgpu.checkpoint.identity`); by default every option of ``options`` except
         ``excluded_options``.
+
+        ``unset_values``: the model's :attr:`~hpcgpu.simulation.Model.unset_option_values`; ``config``
+        and the checkpoints' recorded options are compared with them resolved
+        (:func:`resolve_unset_options`).
 
         Raises
         ------
@@ -102,8 +123,11 @@ class RunControl:
         directory = Path(options.checkpoint_dir) if options.checkpoint_dir else Path(output) / "checkpoints"
         if config is None:
             config = fingerprinted_options(options, excluded_options)
+        unset_values = dict(unset_values or {})
         self.manager = CheckpointManager(comm, directory, app=app, keep=options.keep,
-                                         asynchronous=options.async_checkpoint, config=config)
+                                         asynchronous=options.async_checkpoint,
+                                         config=resolve_unset_options(config, unset_values),
+                                         resolve_fn=lambda saved: resolve_unset_options(saved, unset_values))
         try:
             self._check_fresh_start()
         except BaseException:

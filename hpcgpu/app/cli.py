@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -25,6 +26,34 @@ examples:
   mpiexec -n 8 python -m {prog} --config run.toml     options from a file, flags override it
   srun python -m {prog} --restart latest              continue from the newest valid checkpoint
 """
+
+
+#: Environment variables in which launchers give a process its rank in MPI_COMM_WORLD, before MPI_Init:
+#: srun, Open MPI, MPICH/Intel MPI (hydra, PMI), Cray PALS, MVAPICH, Flux.
+RANK_VARIABLES = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "PALS_RANKID",
+                  "MV2_COMM_WORLD_RANK", "FLUX_TASK_RANK")
+
+
+def launcher_rank(environ=None) -> int:
+    """This process's rank as the launcher announced it (0 when started without one); needs no MPI."""
+    environ = os.environ if environ is None else environ
+    for name in RANK_VARIABLES:
+        value = environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of hpcgpu's own commands (``hpcgpu check``, ``hpcgpu jobscript``): a usage error is one
+    line, ``PROG: error: MESSAGE (run PROG --help for all options)``, printed by the launcher's rank 0
+    only (under ``srun``/``mpiexec`` every rank parses the same line), and exit code 2."""
+
+    def error(self, message):
+        if launcher_rank() == 0:
+            sys.stderr.write(f"{self.prog}: error: {message} (run {self.prog} --help for all options)\n")
+            sys.stderr.flush()
+        raise SystemExit(2)
 
 
 class AppArgumentParser(argparse.ArgumentParser):

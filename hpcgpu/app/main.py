@@ -11,28 +11,15 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import warnings
 
 import hpcgpu
-from hpcgpu.app.cli import parse_args
+from hpcgpu.app.cli import RANK_VARIABLES, launcher_rank, parse_args  # noqa: F401 - launcher_rank is public here
 from hpcgpu.errors import ConfigurationError, OutputError, rank_prefix, replicated
 from hpcgpu.runtime.abort import EXIT_USAGE, exit_without_teardown
-from hpcgpu.runtime.fault_injection import maybe_fail
+from hpcgpu.runtime.fault_injection import check_request as check_fault_request, maybe_fail
 from hpcgpu.profiling import handle_profile_flag
 
-#: Environment variables in which launchers give a process its rank in MPI_COMM_WORLD, before MPI_Init:
-#: srun, Open MPI, MPICH/Intel MPI (hydra, PMI), Cray PALS, MVAPICH, Flux.
-RANK_VARIABLES = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "PALS_RANKID",
-                  "MV2_COMM_WORLD_RANK", "FLUX_TASK_RANK")
-
-
-def launcher_rank(environ=None) -> int:
-    """This process's rank as the launcher announced it (0 when started without one); needs no MPI."""
-    environ = os.environ if environ is None else environ
-    for name in RANK_VARIABLES:
-        value = environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return 0
 
 
 def asks_for_help(argv) -> bool:
@@ -84,6 +71,7 @@ def parse_on_every_rank(comm, build_parser, argv):
     problem, options = None, None
     try:
         options = parse_args(build_parser(comm.rank), argv)
+        check_fault_request(comm.size)
         maybe_fail("parse", comm.rank)
     except ConfigurationError as exc:
         problem = str(exc)
@@ -96,6 +84,23 @@ def parse_on_every_rank(comm, build_parser, argv):
             text = "\n".join(f"{rank_prefix(rank, comm.size)} {text}" for rank, text in failed)
         raise replicated(ConfigurationError(text))
     return options
+
+
+def show_user_warnings_in_one_line() -> None:
+    """Warnings of hpcgpu's own categories (:class:`~hpcgpu.checkpoint.CheckpointWarning`: a
+    corrupt checkpoint skipped) print as one line ``warning: MESSAGE``, without Python's file, line and
+    source line: they speak to the user. Other warnings print as Python prints them. Returns None."""
+    default = warnings.formatwarning
+    if getattr(default, "hpcgpu_one_line", False):
+        return   # already installed
+
+    def formatwarning(message, category, filename, lineno, line=None):
+        if category.__module__.partition(".")[0] == "hpcgpu":
+            return f"warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    formatwarning.hpcgpu_one_line = True
+    warnings.formatwarning = formatwarning
 
 
 def run_app(name: str, build_parser, run, argv=None) -> int:
@@ -111,6 +116,7 @@ def run_app(name: str, build_parser, run, argv=None) -> int:
         build_parser(launcher_rank()).print_help()
         return 0
     comm = communicator_or_exit()
+    show_user_warnings_in_one_line()
     try:
         with hpcgpu.abort_on_error(comm):
             options = parse_on_every_rank(comm, build_parser, argv)

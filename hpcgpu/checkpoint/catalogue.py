@@ -42,10 +42,19 @@ class CheckpointCatalogue:
         The checkpoints the last ``"latest"`` search skipped for their configuration (for messages).
     """
 
-    def __init__(self, comm, directory: Path, app: str, config: dict, config_fingerprint: str):
+    def __init__(self, comm, directory: Path, app: str, config: dict, config_fingerprint: str, resolve_fn=None):
         self.comm, self.directory, self.app = comm, directory, app
         self.config, self.config_fingerprint = config, config_fingerprint
+        self.resolve_fn = resolve_fn or (lambda options: options)
         self.incompatible = []
+
+    def _resolved(self, options: dict | None) -> dict | None:
+        """A checkpoint's recorded options as this run resolves them (canonical JSON values)."""
+        return None if options is None else identity.canonical_options(self.resolve_fn(options))
+
+    def compatible(self, owner) -> bool:
+        """May this run continue ``owner`` (same fingerprint, equal resolved options, or legacy)?"""
+        return owner.compatible_with(self.config_fingerprint) or self._resolved(owner.config_options) == self.config
 
     def checkpoints(self) -> list[Path]:
         """Complete checkpoint directories (names only; not validated), oldest first. Not collective."""
@@ -83,8 +92,8 @@ class CheckpointCatalogue:
         owners = self.owners()
         unreadable = [o for o in owners if o.problem is not None]
         readable = [o for o in owners if o.problem is None]
-        compatible = [o for o in readable if o.compatible_with(self.config_fingerprint)]
-        self.incompatible = [o for o in readable if not o.compatible_with(self.config_fingerprint)]
+        compatible = [o for o in readable if self.compatible(o)]
+        self.incompatible = [o for o in readable if not self.compatible(o)]
         newest = {}
         for owner in compatible:
             newest[owner.run_id] = max(newest.get(owner.run_id, owner.created_time()), owner.created_time())
@@ -107,7 +116,7 @@ class CheckpointCatalogue:
                 continue
             seen.add(owner.run_id)
             lines.append(f"{owner.run_label} differs from this run in:")
-            lines += [f"    {line}" for line in identity.differences(owner.config_options, self.config)]
+            lines += [f"    {line}" for line in identity.differences(self._resolved(owner.config_options), self.config)]
         return "\n".join(f"  {line}" for line in lines)
 
     def describe_choice(self, info: CheckpointInfo, which, run_id: str) -> str | None:
@@ -116,9 +125,10 @@ class CheckpointCatalogue:
         if info.legacy:
             notes.append(f"{info.path.name} was written before run ids existed (a legacy checkpoint); this run "
                          f"continues it as run {run_id}, and leaves the legacy checkpoints in place")
-        elif info.config_fingerprint not in (None, self.config_fingerprint):
+        elif info.config_fingerprint not in (None, self.config_fingerprint) \
+                and self._resolved(info.config_options) != self.config:
             notes.append(f"{info.path.name} was written with other options: "
-                         + "; ".join(identity.differences(info.config_options, self.config)))
+                         + "; ".join(identity.differences(self._resolved(info.config_options), self.config)))
         if str(which) == "latest":
             others = [o for o in self.owners() if o.problem is not None or o.run_id != info.run_id]
             if others:

@@ -71,6 +71,10 @@ class CheckpointManager:
         The options that define the model and the layout of its state (JSON-able values; the
         same on every rank). Their fingerprint is stored in every checkpoint, and ``"latest"``
         restarts only from checkpoints with the same fingerprint (or legacy ones, which have none).
+    resolve_fn : callable, optional
+        ``resolve_fn(options) -> options``: a checkpoint's recorded options as this run resolves them
+        (options it recorded unset get the value used then, as in ``config``), for the comparison with
+        ``config``; default: as recorded.
     run_id : str, optional
         This run's id (the same on every rank); by default rank 0 makes a new one and broadcasts it.
         :meth:`load` replaces it with the run id of the checkpoint it restarts from.
@@ -86,7 +90,7 @@ class CheckpointManager:
 
     def __init__(self, comm, directory, app: str, keep: int = 3, asynchronous: bool = False,
                  compression: str | None = None, storage: str = "auto", provenance: dict | None = None,
-                 config: dict | None = None, run_id: str | None = None):
+                 config: dict | None = None, run_id: str | None = None, resolve_fn=None):
         import h5py
 
         if keep < 1:
@@ -112,7 +116,8 @@ class CheckpointManager:
             run_id = comm.broadcast(identity.new_run_id() if comm.rank == 0 else None, root=0)
         self.run_id = str(run_id)
         self.restart_note = None
-        self.catalogue = CheckpointCatalogue(comm, self.directory, app, self.config, self.config_fingerprint)
+        self.catalogue = CheckpointCatalogue(comm, self.directory, app, self.config, self.config_fingerprint,
+                                             resolve_fn=resolve_fn)
         self._pool = PinnedPool() if asynchronous else None
         self._writer = BackgroundWriter() if asynchronous else None
         # The h5py layout of asynchronous saves runs in a helper process (off this process's GIL);

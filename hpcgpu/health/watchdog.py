@@ -15,7 +15,8 @@ themselves, on a communicator of their own (a duplicate of the job's), with non-
 communication: :mod:`hpcgpu.health.hang`). Rank 0's watchdog, once any rank expired (or went silent
 past its deadline), waits a short grace for the others' reports, names the stuck rank and node in one
 line, writes ``OUTPUT/hang.json`` and ends the job with ``MPI_Abort`` and :data:`EXIT_HANG`. If rank 0
-itself cannot act, the other ranks end the job after a longer grace. Stacks of a rank whose Python
+itself cannot act, the other ranks end the job after a longer grace, and they write ``hang.json``
+naming rank 0, so the verdict exists whichever rank is stuck. Stacks of a rank whose Python
 cannot run at all (compiled code holding the interpreter lock) come from :mod:`faulthandler`, armed by
 the watchdog thread just beyond the current deadline.
 
@@ -118,7 +119,7 @@ class Watchdog:
     comm : hpcgpu.Communicator
     settings : WatchdogSettings
     output : path-like, optional
-        Where rank 0 writes ``hang.json`` when it ends a hung job.
+        Where the rank that ends a hung job writes ``hang.json`` (rank 0, or another one if rank 0 is stuck).
     emit_fn : callable, optional
         Prints one block of text (default: to stderr, flushed).
     abort_fn : callable, optional
@@ -321,7 +322,7 @@ class Watchdog:
         self._end(ranks, reason, shown)
 
     def _end(self, ranks: list[int], reason: str, states: dict) -> None:
-        """Print the one-line summary, write ``hang.json`` (rank 0) and end the job with :data:`EXIT_HANG`."""
+        """Print the one-line summary, write ``hang.json`` and end the job with :data:`EXIT_HANG`."""
         line = hang_summary(ranks, reason, self.hosts, states, self.size)
         self.verdict = {"stuck_ranks": ranks, "stuck_nodes": sorted({self.hosts[r] for r in ranks}), "reason": reason,
                         "summary": line, "exclude_nodes": sorted({self.hosts[r] for r in ranks}),
@@ -331,12 +332,7 @@ class Watchdog:
                         "reports": {str(r): report for r, report in self._reports.items()}}
         self.emit_fn(f"{self.prefix} watchdog: {line}; ending the job (exit {EXIT_HANG})")
         if self.output is not None:
-            try:
-                path = os.path.join(str(self.output), "hang.json" if self.rank == 0 else f"hang-rank{self.rank}.json")
-                with open(path, "w") as handle:
-                    json.dump(self.verdict, handle, indent=2, default=str)
-            except OSError as exc:
-                self.emit_fn(f"{self.prefix} watchdog: could not write the hang report: {exc}")
+            self._write_verdict()
         self._stop.set()
         if self.channel is not None and self.rank == 0:
             # Every rank that can still act aborts with EXIT_HANG itself, so the launcher reports that code
@@ -348,6 +344,22 @@ class Watchdog:
                 time.sleep(0.05)
             del requests
         self.abort_fn(EXIT_HANG)
+
+    def _write_verdict(self) -> None:
+        """Write ``hang.json`` from this rank, whole or not at all.
+
+        Whichever rank ends the job writes it: rank 0 normally; every other rank when rank 0 itself is
+        stuck (then each names rank 0), or without ``MPI_THREAD_MULTIPLE``. Each writes a file of its own
+        and renames it over ``hang.json``, so concurrent writers leave one complete verdict (the last).
+        """
+        path = os.path.join(str(self.output), "hang.json")
+        partial = f"{path}.rank{self.rank}.tmp"
+        try:
+            with open(partial, "w") as handle:
+                json.dump(self.verdict, handle, indent=2, default=str)
+            os.replace(partial, path)
+        except OSError as exc:
+            self.emit_fn(f"{self.prefix} watchdog: could not write the hang report {path}: {exc}")
 
     def _exit_on_verdict(self) -> None:
         """Rank 0 ended the job: abort from this rank too, with :data:`EXIT_HANG`."""

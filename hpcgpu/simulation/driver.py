@@ -278,7 +278,8 @@ class Simulation:
                 self._print(f"note: steps run eagerly (no CUDA graphs): {blocker}")
             self.control = RunControl(comm, options, app=self.app, output=self.output, quiet=options.quiet,
                                       stop_check_every=model.stop_check_every, config=self.fingerprint,
-                                      excluded_options=RESTART_INDEPENDENT_OPTIONS | model.restart_independent_options)
+                                      excluded_options=RESTART_INDEPENDENT_OPTIONS | model.restart_independent_options,
+                                      unset_values=model.unset_option_values)
             self.restarted = model.load_checkpoint(self.control) is not None
             self.first_step = model.step_index   # 0, or the checkpoint's step
             self._print(f"steps: {steps_text(self.first_step, self.final_step)}", flush=True)

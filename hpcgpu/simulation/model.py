@@ -57,6 +57,12 @@ class Model:
         (:data:`hpcgpu.app.checkpointing.RESTART_INDEPENDENT_OPTIONS`: ``--steps``, ``--dims``,
         ``--backend``, output and checkpoint flags ...). Every other option must be equal on
         ``--restart latest``; a differing one is refused with its name. Default: none.
+    unset_option_values : dict
+        The model's options (``argparse`` destinations) that it fills in itself when they are left unset
+        (``None``): destination -> the value it then uses, or a function of the fingerprinted options
+        (``{"--temperature": 1.0, ...}``) giving it. The checkpoints record, and restarts compare, these
+        resolved values, so an option left unset and its default given explicitly are the same run.
+        Default: none.
     version : str or None
         The model's (app's) own version, shown in the header and the summary's ``app_version``.
     step_index : int
@@ -72,6 +78,7 @@ class Model:
     steps_use_job_transport = True
     stop_check_every = STOP_CHECK_EVERY
     restart_independent_options: frozenset = frozenset()
+    unset_option_values: dict = {}
     version: str | None = None
     step_index = 0
 

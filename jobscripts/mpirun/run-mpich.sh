@@ -38,4 +38,9 @@ mpiexec=${HPCGPU_MPIEXEC:-$(command -v mpiexec || echo "$(dirname "$(command -v 
 read -r -a launcher_flags <<< "${HPCGPU_MPIEXEC_FLAGS:-}"
 HPCGPU_LAUNCH=("$mpiexec" -n "$N_RANKS" -ppn "$GPUS_PER_NODE" ${HOSTFILE:+-f "$HOSTFILE"}
                -bind-to "core:$CPUS_PER_RANK" "${launcher_flags[@]}" "$here/gpu-per-rank.sh")
+if ! command -v "${HPCGPU_LAUNCH[0]}" >/dev/null 2>&1; then
+    echo "$0: the launcher ${HPCGPU_LAUNCH[0]} is not a command here; load or install your MPI (module load ...)," \
+         "or set HPCGPU_MPIEXEC (MPICH) or HPCGPU_MPIRUN (Open MPI) to its path" >&2
+    exit 2
+fi
 hpcgpu_run "$@"

@@ -44,4 +44,9 @@ read -r -a launcher_flags <<< "${HPCGPU_MPIRUN_FLAGS:-}"
 HPCGPU_LAUNCH=("${HPCGPU_MPIRUN:-mpirun}" -np "$N_RANKS" ${HOSTFILE:+--hostfile "$HOSTFILE"}
                --map-by "ppr:$GPUS_PER_NODE:node:pe=$CPUS_PER_RANK" --bind-to core --report-bindings
                "${exports[@]}" "${launcher_flags[@]}" "$here/gpu-per-rank.sh")
+if ! command -v "${HPCGPU_LAUNCH[0]}" >/dev/null 2>&1; then
+    echo "$0: the launcher ${HPCGPU_LAUNCH[0]} is not a command here; load or install your MPI (module load ...)," \
+         "or set HPCGPU_MPIEXEC (MPICH) or HPCGPU_MPIRUN (Open MPI) to its path" >&2
+    exit 2
+fi
 hpcgpu_run "$@"

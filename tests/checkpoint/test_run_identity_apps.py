@@ -87,3 +87,48 @@ def test_restart_latest_with_another_configuration_refuses_and_names_the_option(
     assert result.returncode == 2, result.output
     assert "--nx: 36 in the checkpoint, 48 in this run" in result.output, result.output
     assert file_hashes(directory) == before
+
+
+def test_restart_compares_resolved_values_an_unset_option_equals_its_default_given(tmp_path, shared):
+    """Run A left --hyperviscosity unset (1e9 is used): giving 1e9 continues it, 5e8 is refused."""
+    directory, _, _ = shared
+    same = stencil(2, tmp_path, "b", "--quiet", "--steps", 50, "--checkpoint-every", 10, "--checkpoint-dir",
+                   directory, "--restart", "latest", "--hyperviscosity", "1e9")
+    assert same.returncode == 0, same.output
+    other = stencil(1, tmp_path, "c", "--quiet", "--steps", 60, "--checkpoint-dir", directory, "--restart", "latest",
+                    "--hyperviscosity", "5e8")
+    assert other.returncode == 2, other.output
+    assert "--hyperviscosity: 1000000000.0 in the checkpoint, 500000000.0 in this run" in other.output, other.output
+
+
+def test_a_checkpoint_that_recorded_an_option_unset_is_compared_resolved(tmp_path, shared):
+    """Checkpoints written before a model declared its unset values recorded null: resolved the same way."""
+    import json
+
+    from hpcgpu.checkpoint import identity
+
+    directory, _, _ = shared
+    for checkpoint in sorted(directory.iterdir()):
+        with h5py.File(checkpoint / "checkpoint.h5", "r+") as master:
+            options = json.loads(master.attrs[identity.OPTIONS_ATTRIBUTE])
+            assert options["--hyperviscosity"] == 1e9
+            options["--hyperviscosity"] = None
+            master.attrs[identity.OPTIONS_ATTRIBUTE] = json.dumps(options, sort_keys=True)
+            master.attrs[identity.FINGERPRINT_ATTRIBUTE] = identity.fingerprint(options)
+    result = stencil(1, tmp_path, "b", "--quiet", "--steps", 50, "--checkpoint-dir", directory, "--restart", "latest",
+                     "--hyperviscosity", "1e9")
+    assert result.returncode == 0, result.output
+    refused = stencil(1, tmp_path, "c", "--quiet", "--steps", 50, "--checkpoint-dir", directory, "--restart",
+                      "latest", "--hyperviscosity", "5e8")
+    assert refused.returncode == 2 and "--hyperviscosity" in refused.output, refused.output
+
+
+def test_resolving_unset_options():
+    from hpcgpu.app.checkpointing import resolve_unset_options
+
+    unset = {"hyperviscosity": 1e9, "target_temperature": lambda options: options["--temperature"]}
+    assert resolve_unset_options({"--hyperviscosity": None, "--nx": 4}, unset) == {"--hyperviscosity": 1e9, "--nx": 4}
+    assert resolve_unset_options({"--hyperviscosity": 5.0}, unset) == {"--hyperviscosity": 5.0}
+    assert resolve_unset_options({"--target-temperature": None, "--temperature": 1.5}, unset) == \
+        {"--target-temperature": 1.5, "--temperature": 1.5}
+    assert resolve_unset_options(None, unset) is None

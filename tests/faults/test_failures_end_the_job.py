@@ -136,6 +136,28 @@ def test_an_exception_on_one_rank_ends_the_job_within_seconds_naming_that_rank(t
     assert f"[rank {rank}/3]" in result.output and "injected fault" in result.output, result.output[-2000:]
 
 
+@pytest.mark.parametrize("request_text, problem", [
+    ("write:1", "output files are written by rank 0 only"),
+    ("step:5", "rank '5' is not one of this job's ranks 0..1"),
+    ("stepp:1", "unknown phase 'stepp'"),
+    ("write@3", "only step takes @N"),
+])
+def test_a_fault_injection_that_can_never_fire_is_refused_in_one_line(tmp_path, request_text, problem):
+    result = stencil(2, tmp_path / "out", "--steps", "5", "--snapshot-every", "5", timeout=60,
+                     HPCGPU_INJECT_FAULT=request_text)
+    assert result.returncode == 2 and not result.timed_out, result.output[-2000:]
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: HPCGPU_INJECT_FAULT={request_text}: {problem}"), lines
+
+
+def test_fault_requests_that_can_fire_are_accepted(monkeypatch):
+    from hpcgpu.runtime.fault_injection import FAULT_VARIABLE, check_request
+
+    for text in ("", "write", "write:0", "step@7:2", "parse:1", "output"):
+        monkeypatch.setenv(FAULT_VARIABLE, text)
+        check_request(3)
+
+
 def test_a_config_file_on_one_node_only_ends_the_job_with_that_ranks_message(tmp_path):
     # Two programs of one job in different working directories: the file exists for rank 0 only.
     (tmp_path / "a").mkdir()

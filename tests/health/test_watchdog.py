@@ -93,6 +93,18 @@ def test_a_rank_holding_the_interpreter_lock_is_named_as_silent(tmp_path):
     assert verdict["stuck_ranks"] == [2] and "no heartbeat" in verdict["reason"]
 
 
+@pytest.mark.parametrize("stuck", [0, 1])
+def test_hang_json_is_written_by_a_live_rank_whichever_rank_is_frozen(tmp_path, stuck):
+    """A frozen rank 0 cannot write the verdict: the other rank does, so the job scripts always find
+    hang.json (the node to exclude, and the sign that the launcher's exit 9 was a hang)."""
+    result, seconds, verdict = run_hung_app(2, f"hold-gil:{stuck}:12", tmp_path)
+    assert ended_with_exit_hang(result) and seconds < 90, result.output[-4000:]
+    assert verdict is not None, (sorted(p.name for p in tmp_path.iterdir()), result.output[-3000:])
+    assert verdict["stuck_ranks"] == [stuck] and verdict["reported_by"] == 1 - stuck, verdict
+    assert verdict["exclude_nodes"] == verdict["stuck_nodes"] and verdict["exit_code"] == EXIT_HANG
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("hang") and p.name != "hang.json"]
+
+
 def test_a_slowed_rank_is_named_as_a_straggler(tmp_path):
     summary = tmp_path / "summary.json"
     result = run_mpi(3, [sys.executable, "-m", "apps.stencil", "--model", "swe", "--nx", "48", "--ny", "24",

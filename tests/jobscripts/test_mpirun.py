@@ -92,6 +92,19 @@ def test_mpich_script_runs_two_bound_ranks_each_with_its_own_gpu(tmp_path):
     assert summary["n_ranks"] == 2 and summary["steps"] == 30
 
 
+@pytest.mark.parametrize("script, variable", [("run-mpich.sh", "HPCGPU_MPIEXEC"), ("run-openmpi.sh", "HPCGPU_MPIRUN")])
+def test_a_missing_launcher_is_one_line_and_exit_2_before_anything_runs(tmp_path, script, variable):
+    env = {**os.environ, "HPCGPU_PYTHON": sys.executable, variable: str(tmp_path / "no-such-launcher"),
+           "GPUS_PER_NODE": "1"}
+    result = subprocess.run([str(JOBSCRIPTS / "mpirun" / script), "apps.stencil", *SMALL_JACOBI],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == "" and len(result.stderr.splitlines()) == 1, result.stdout + result.stderr
+    assert f"the launcher {tmp_path / 'no-such-launcher'} is not a command here" in result.stderr
+    assert variable in result.stderr and "anyway" not in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 def test_openmpi_script_maps_binds_and_exports(tmp_path):
     record = tmp_path / "mpirun-args.txt"
     fake = tmp_path / "mpirun"

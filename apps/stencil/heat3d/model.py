@@ -24,6 +24,9 @@ class Heat3DModel(StencilModel):
     name = "heat3d"
     unit = "cell-updates/s"
     default_shape = {"nx": 128, "ny": 128, "nz": 128}
+    #: Full-size arrays of the model's precision it certainly holds per cell (T, its update, mode factors):
+    #: a lower bound of its memory, checked before the state is built (apps.stencil.app.memory_estimate).
+    arrays_per_cell = 5
     default_steps = 100
 
     def __init__(self, comm, arch, options):

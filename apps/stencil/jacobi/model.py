@@ -26,6 +26,9 @@ class JacobiModel(StencilModel):
     name = "jacobi"
     unit = "cell-updates/s"
     default_shape = {"nx": 4096, "ny": 4096}
+    #: Full-size arrays of the model's precision it certainly holds per cell (the two grids swept between):
+    #: a lower bound of its memory, checked before the state is built (apps.stencil.app.memory_estimate).
+    arrays_per_cell = 2
     default_steps = 1000
 
     def __init__(self, comm, arch, options):

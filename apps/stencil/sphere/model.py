@@ -57,6 +57,9 @@ class LatLonModel(ShallowWaterModel):
     name = "latlon"
     diagnostic_names = DIAGNOSTIC_NAMES
     default_shape = {"nx": 128, "ny": 64}
+    #: Full-size arrays of the model's precision it certainly holds per cell (state, stages, tendencies, metrics):
+    #: a lower bound of its memory, checked before the state is built (apps.stencil.app.memory_estimate).
+    arrays_per_cell = 10
     default_days = 5.0
     #: None where the steps can be captured as CUDA graphs (whole latitude circles on every rank); set
     #: per run to the reason when longitude is split across ranks (the host-staged polar filter).

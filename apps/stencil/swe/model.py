@@ -28,8 +28,14 @@ class SweModel(ShallowWaterModel):
 
     name = "swe"
     default_shape = {"nx": 360, "ny": 180}
+    #: Full-size arrays of the model's precision it certainly holds per cell (h, u, v, their stages and tendencies):
+    #: a lower bound of its memory, checked before the state is built (apps.stencil.app.memory_estimate).
+    arrays_per_cell = 6
     default_days = 6.0
     diagnostic_names = DIAGNOSTIC_NAMES
+    #: What --viscosity and --hyperviscosity mean when left unset: SWEParameters' defaults.
+    unset_option_values = {name: SWEParameters.__dataclass_fields__[name].default
+                           for name in ("viscosity", "hyperviscosity")}
 
     def __init__(self, comm, arch, options):
         self.comm, self.arch = comm, arch

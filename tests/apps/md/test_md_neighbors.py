@@ -117,6 +117,30 @@ def test_build_kernel_reports_needed_capacity_without_writing_past_it(perturbed_
     assert np.all(storage[capacity] == -7)
 
 
+def test_binning_and_the_list_stay_in_bounds_for_any_positions():
+    """The buffers sized in advance (cell_atoms: one slot per atom; the neighbour rows: a capacity) at the
+    inputs that could break them: positions that are NaN, infinite or far outside the grid are clamped
+    into an edge cell, and 120 atoms on one point need far more neighbours than the estimate; the list
+    grows to fit and the kernel never writes past the capacity it was given (a guard row stays intact)."""
+    positions, box = _random_gas()
+    positions[:120] = box / 2                                    # one point: 119 neighbours each
+    positions[120:126] = [[np.nan] * 3, [np.inf] * 3, [-np.inf] * 3, [1e300, -1e300, 0], [-1e300, 1e300, 5],
+                          [np.nan, 1.0, np.inf]]
+    grid = cells.make_cell_grid(np.zeros(3), box, 0.0, 2.8)
+    cell_list = cells.bin_atoms(positions, grid)
+    assert sorted(cell_list.cell_atoms.tolist()) == list(range(positions.shape[0]))
+    assert cell_list.cell_start[0] == 0 and cell_list.cell_start[-1] == positions.shape[0]
+    assert np.all(np.diff(cell_list.cell_start) >= 0)
+    n_local = positions.shape[0]
+    built = neighbors.build_neighbor_list(positions, n_local, cell_list, grid, 2.5, 0.3, capacity=1)
+    assert built.n_reallocations >= 1 and built.capacity >= int(built.counts.max()) >= 119
+    assert np.all(built.counts[120:126] == 0)                    # NaN and infinite atoms have no neighbours
+    storage = np.full((9, n_local), -7, dtype=np.int32)          # capacity 8, the last row a guard
+    counts = np.zeros(n_local, np.int32)
+    needed = neighbors._build_once(positions, n_local, cell_list, grid, 2.8, storage[:8], counts)
+    assert needed == int(built.counts.max()) and np.all(storage[8] == -7)
+
+
 def test_rebuild_criterion_is_half_the_skin(perturbed_fcc):
     positions, _, box, _ = perturbed_fcc
     all_positions, _, neighbor_list = neighbor_setup(positions, box, 2.5, 0.4)

@@ -162,3 +162,15 @@ def test_a_driver_collected_during_the_next_ones_capture_changes_nothing(comm, c
     np.testing.assert_array_equal(first[0], second[0])
     if comm.rank == 0:
         np.testing.assert_array_equal(first[1]["positions"], second[1]["positions"])
+
+
+def test_the_kernels_shared_arrays_fit_the_blocks_they_are_launched_with():
+    """The compaction kernels keep one count per warp in ``__shared__ int warp_counts[4][TILE / 32]`` and
+    are launched with ``slab_plan.TILE`` threads: the two TILEs must be one number, or a block's warps
+    would write past the shared array."""
+    import re
+
+    from apps.md import resident_slab_kernels, slab_plan
+
+    defined = re.findall(r"^#define TILE (\d+)$", resident_slab_kernels._CUDA_SOURCE, re.M)
+    assert defined == [str(slab_plan.TILE)] and slab_plan.TILE % 32 == 0 and slab_plan.TILE <= 1024
