@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Builds the CPU image the container tests use (tests/containers, tests/jobscripts), from
+# container/Containerfile on the Debian base of build-base.sh:
+#
+#   bash .ci/container/build-image.sh           # image: localhost/hpcgpu:ci-cpu (HPCGPU_TEST_IMAGE)
+#
+# The wheels of hpcgpu and of its dependencies are built here, outside the image, with pip's cache
+# (Python 3.11 on both sides: Debian bookworm), so the image build needs no network and a rebuild after
+# a code change re-uses every downloaded wheel. Podman as root with runc and cgroupfs (.ci/run writes
+# /etc/containers/containers.conf.d/50-hpcgpu-ci.conf).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+IMAGE=${HPCGPU_TEST_IMAGE:-localhost/hpcgpu:ci-cpu}
+EXTRAS=mpich,apps
+PODMAN=(podman --runtime runc --cgroup-manager cgroupfs)
+started=$SECONDS
+
+base=$(bash .ci/container/build-base.sh)
+echo "[container] base $base ready after $(( SECONDS - started )) s"
+
+# The same Python version as the image's (python3 of Debian bookworm): wheels with compiled code must
+# match. pip runs from a small cached virtual environment (Debian's python3 has no pip of its own).
+CACHE=${HPCGPU_CI_CACHE:-$HOME/.cache/hpcgpu-ci}
+if [ ! -x "$CACHE/wheel-venv/bin/python" ]; then
+    python3 -m venv "$CACHE/wheel-venv"
+fi
+host_python=$CACHE/wheel-venv/bin/python
+image_version=$("${PODMAN[@]}" run --rm --network=host "$base" python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+host_version=$("$host_python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+if [ "$image_version" != "$host_version" ]; then
+    echo "[container] ERROR: the base has Python $image_version but $host_python is $host_version: the wheels" \
+         "built here would not install there; run this with a Python $image_version" >&2
+    exit 1
+fi
+rm -rf container/wheels
+"$host_python" -m pip wheel --quiet --wheel-dir container/wheels ".[$EXTRAS]"
+# What the install step depends on: the names of the dependency wheels and the content of hpcgpu's
+# (its zip timestamps differ per build).
+source_id=$("$host_python" - container/wheels <<'PYTHON'
+import hashlib, pathlib, sys, zipfile
+digest = hashlib.sha256()
+for wheel in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
+    digest.update(wheel.name.encode())
+    if wheel.name.startswith("hpcgpu-"):
+        with zipfile.ZipFile(wheel) as archive:
+            for name in sorted(archive.namelist()):
+                digest.update(name.encode() + archive.read(name))
+print(digest.hexdigest()[:16])
+PYTHON
+)
+echo "[container] $(ls container/wheels | wc -l) wheels in container/wheels after $(( SECONDS - started )) s"
+
+# --network=host: no CNI network set-up (the build downloads nothing); layers are cached by Podman, so
+# only the install step reruns when the checkout changed.
+"${PODMAN[@]}" build --network=host --file container/Containerfile --tag "$IMAGE" \
+    --build-arg BASE="$base" --build-arg EXTRAS="$EXTRAS" --build-arg SOURCE_ID="$source_id" . >/tmp/hpcgpu-container-build.log 2>&1 \
+    || { tail -30 /tmp/hpcgpu-container-build.log >&2; echo "podman build failed: /tmp/hpcgpu-container-build.log" >&2; exit 1; }
+rm -rf container/wheels
+# Layers of earlier builds of this tag would pile up from commit to commit.
+"${PODMAN[@]}" image prune --force >/dev/null
+echo "[container] built $IMAGE ($("${PODMAN[@]}" image inspect --format '{{.Size}}' "$IMAGE" | awk '{printf "%.0f MB", $1/1e6}')) in $(( SECONDS - started )) s"
