@@ -34,26 +34,29 @@ if [ "$image_version" != "$host_version" ]; then
 fi
 rm -rf container/wheels
 "$host_python" -m pip wheel --quiet --wheel-dir container/wheels ".[$EXTRAS]"
-# What the install step depends on: the names of the dependency wheels and the content of hpcgpu's
-# (its zip timestamps differ per build).
-source_id=$("$host_python" - container/wheels <<'PYTHON'
+# What the two install steps depend on: the names of the dependencies' wheels, and the content of
+# hpcgpu's wheel (its zip timestamps differ from build to build).
+ids=$("$host_python" - container/wheels <<'PYTHON'
 import hashlib, pathlib, sys, zipfile
-digest = hashlib.sha256()
+dependencies, source = hashlib.sha256(), hashlib.sha256()
 for wheel in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
-    digest.update(wheel.name.encode())
     if wheel.name.startswith("hpcgpu-"):
         with zipfile.ZipFile(wheel) as archive:
             for name in sorted(archive.namelist()):
-                digest.update(name.encode() + archive.read(name))
-print(digest.hexdigest()[:16])
+                source.update(name.encode() + archive.read(name))
+    else:
+        dependencies.update(wheel.name.encode())
+print(dependencies.hexdigest()[:16], source.hexdigest()[:16])
 PYTHON
 )
+read -r dependencies_id source_id <<< "$ids"
 echo "[container] $(ls container/wheels | wc -l) wheels in container/wheels after $(( SECONDS - started )) s"
 
 # --network=host: no CNI network set-up (the build downloads nothing); layers are cached by Podman, so
-# only the install step reruns when the checkout changed.
+# a change to the checkout reruns only the step that installs hpcgpu's wheel.
 "${PODMAN[@]}" build --network=host --file container/Containerfile --tag "$IMAGE" \
-    --build-arg BASE="$base" --build-arg EXTRAS="$EXTRAS" --build-arg SOURCE_ID="$source_id" . >/tmp/hpcgpu-container-build.log 2>&1 \
+    --build-arg BASE="$base" --build-arg EXTRAS="$EXTRAS" --build-arg DEPENDENCIES_ID="$dependencies_id" \
+    --build-arg SOURCE_ID="$source_id" . >/tmp/hpcgpu-container-build.log 2>&1 \
     || { tail -30 /tmp/hpcgpu-container-build.log >&2; echo "podman build failed: /tmp/hpcgpu-container-build.log" >&2; exit 1; }
 rm -rf container/wheels
 # Layers of earlier builds of this tag would pile up from commit to commit.

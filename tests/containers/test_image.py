@@ -2,8 +2,9 @@
 
 * its default command is ``python -m hpcgpu info``, as a non-root user, and the report says it runs
   inside a Podman container;
-* ``mpiexec -n 2 python -m apps.stencil --steps 50`` inside (the image's MPICH) gives the checksum of
-  the same run outside, and so does a checkpoint at step 25 restarted inside the container;
+* ``mpiexec -n 2 python -m apps.stencil --steps 50`` inside (the image's MPICH, checkpoints every 25
+  steps) gives the checksum of the same run outside, and so does its checkpoint at step 25 restarted
+  inside the container;
 * ``hpcgpu check`` inside a container limited to fewer CPUs than the node flags the CPU set.
 """
 
@@ -43,28 +44,34 @@ def test_default_command_is_hpcgpu_info_as_a_non_root_user_and_names_podman(imag
     assert user.returncode == 0 and int(user.output.strip()) != 0, user.output
 
 
-def test_stencil_on_two_ranks_inside_equals_the_run_outside(image, outside, tmp_path):
-    result = podman_run(["mpiexec", "-n", "2", *STENCIL, "--output", str(tmp_path / "out"),
-                         "--summary", str(tmp_path / "summary.json")], timeout=600, workdir=tmp_path)
+@pytest.fixture(scope="module")
+def inside(image, tmp_path_factory) -> tuple[dict, str]:
+    """The run inside, with a checkpoint every 25 steps: (its summary, its checkpoint directory)."""
+    directory = tmp_path_factory.mktemp("inside")
+    result = podman_run(["mpiexec", "-n", "2", *STENCIL, "--checkpoint-every", "25", "--checkpoint-dir",
+                         str(directory / "checkpoints"), "--output", str(directory / "out"),
+                         "--summary", str(directory / "summary.json")], timeout=600, workdir=directory)
     assert result.returncode == 0, result.output
-    inside = json.loads((tmp_path / "summary.json").read_text())
-    assert inside["n_ranks"] == 2 and inside["steps"] == 50
-    assert inside["checksum"] == outside["checksum"]
-    assert inside["version"] == outside["version"]
+    return json.loads((directory / "summary.json").read_text()), str(directory / "checkpoints")
 
 
-def test_checkpoint_at_25_restarted_inside_equals_50_steps_outside(image, outside, tmp_path):
-    checkpoints = str(tmp_path / "checkpoints")
-    first = podman_run(["mpiexec", "-n", "2", *STENCIL[:3], "--steps", "25", "--quiet", "--checkpoint-every", "25",
-                        "--checkpoint-dir", checkpoints, "--output", str(tmp_path / "first")],
-                       timeout=600, workdir=tmp_path)
-    assert first.returncode == 0, first.output
-    assert os.path.isdir(os.path.join(checkpoints, "ckpt_000000025")), os.listdir(checkpoints)
-    second = podman_run(["mpiexec", "-n", "2", *STENCIL, "--restart", "latest", "--checkpoint-dir", checkpoints,
-                         "--output", str(tmp_path / "second"), "--summary", str(tmp_path / "summary.json")],
-                        timeout=600, workdir=tmp_path)
-    assert second.returncode == 0, second.output
-    assert json.loads((tmp_path / "summary.json").read_text())["checksum"] == outside["checksum"]
+def test_stencil_on_two_ranks_inside_equals_the_run_outside(inside, outside):
+    summary, _ = inside
+    assert summary["n_ranks"] == 2 and summary["steps"] == 50
+    assert summary["checksum"] == outside["checksum"]
+    assert summary["version"] == outside["version"]
+
+
+def test_checkpoint_at_25_restarted_inside_equals_50_steps_outside(inside, outside):
+    _, checkpoints = inside
+    directory = os.path.dirname(checkpoints)
+    step_25 = os.path.join(checkpoints, "ckpt_000000025")
+    assert os.path.isdir(step_25), os.listdir(checkpoints)
+    result = podman_run(["mpiexec", "-n", "2", *STENCIL, "--restart", step_25, "--output", f"{directory}/restart",
+                         "--summary", f"{directory}/restart.json"], timeout=600, workdir=directory)
+    assert result.returncode == 0, result.output
+    with open(f"{directory}/restart.json") as handle:
+        assert json.load(handle)["checksum"] == outside["checksum"]
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs a node of 2 or more CPUs to give the container fewer")
