@@ -157,7 +157,7 @@ if [ "${SLURM_GPUS_ON_NODE:-0}" != 0 ] && [ -n "${SLURM_GPUS_ON_NODE:-}" ]; then
 # podman passes only the variables named with --env; srun's PMI-2 client talks over the inherited file
 # descriptor PMI_FD, which podman passes only as one of 3, 4, ...: it is moved to 3 first.
 _HPCGPU_PODMAN_RANK='if [ -n "${PMI_FD:-}" ] && [ "$PMI_FD" != 3 ]; then
-    eval "exec 3<>&$PMI_FD" && export PMI_FD=3
+    eval "exec 3>&$PMI_FD" && export PMI_FD=3
 fi
 exec podman run --rm ${PMI_FD:+--preserve-fds=1} "$@"'
 if [ -n "$HPCGPU_CONTAINER" ]; then
