@@ -5,8 +5,8 @@
 #   bash .ci/container/build-image.sh           # image: localhost/hpcgpu:ci-cpu (HPCGPU_TEST_IMAGE)
 #
 # The wheels of hpcgpu and of its dependencies are built here, outside the image, with pip's cache
-# (Python 3.11 on both sides: Debian bookworm), so the image build needs no network and a rebuild after
-# a code change re-uses every downloaded wheel. Podman as root with runc and cgroupfs (.ci/run writes
+# (Python 3.11 on both sides: Debian bookworm), so the image build needs no network; the dependencies'
+# wheels are cached per pyproject.toml, so a rebuild after a code change builds hpcgpu's wheel only. Podman as root with runc and cgroupfs (.ci/run writes
 # /etc/containers/containers.conf.d/50-hpcgpu-ci.conf).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,8 +21,10 @@ echo "[container] base $base ready after $(( SECONDS - started )) s"
 # The same Python version as the image's (python3 of Debian bookworm): wheels with compiled code must
 # match. pip runs from a small cached virtual environment (Debian's python3 has no pip of its own).
 CACHE=${HPCGPU_CI_CACHE:-$HOME/.cache/hpcgpu-ci}
-if [ ! -x "$CACHE/wheel-venv/bin/python" ]; then
+# setuptools and wheel stay installed there: hpcgpu's wheel builds without a fresh isolated environment.
+if [ ! -x "$CACHE/wheel-venv/bin/python" ] || ! "$CACHE/wheel-venv/bin/python" -c "import setuptools, wheel" 2>/dev/null; then
     python3 -m venv "$CACHE/wheel-venv"
+    "$CACHE/wheel-venv/bin/python" -m pip install --quiet "setuptools>=68" wheel
 fi
 host_python=$CACHE/wheel-venv/bin/python
 image_version=$("${PODMAN[@]}" run --rm --network=host "$base" python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
@@ -32,8 +34,19 @@ if [ "$image_version" != "$host_version" ]; then
          "built here would not install there; run this with a Python $image_version" >&2
     exit 1
 fi
+# The dependencies' wheels are kept per pyproject.toml (resolving them against PyPI takes minutes on a
+# loaded CI machine); hpcgpu's own wheel is built every time, without its dependencies, in seconds.
+dependency_wheels="$CACHE/wheels-$(cat pyproject.toml <(echo "$EXTRAS") | sha256sum | cut -c1-16)"
+if [ ! -d "$dependency_wheels" ]; then
+    rm -rf "$CACHE"/wheels-*
+    "$host_python" -m pip wheel --quiet --no-build-isolation --wheel-dir "$dependency_wheels.part" ".[$EXTRAS]"
+    rm -f "$dependency_wheels.part"/hpcgpu-*.whl
+    mv "$dependency_wheels.part" "$dependency_wheels"
+fi
 rm -rf container/wheels
-"$host_python" -m pip wheel --quiet --wheel-dir container/wheels ".[$EXTRAS]"
+mkdir -p container/wheels
+cp "$dependency_wheels"/*.whl container/wheels/
+"$host_python" -m pip wheel --quiet --no-build-isolation --no-deps --wheel-dir container/wheels .
 # What the two install steps depend on: the names of the dependencies' wheels, and the content of
 # hpcgpu's wheel (its zip timestamps differ from build to build).
 ids=$("$host_python" - container/wheels <<'PYTHON'
