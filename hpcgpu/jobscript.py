@@ -212,7 +212,7 @@ def render(options, app_args: list[str], command_line: str) -> str:
                   "with the image's python and hpcgpu; docs/containers.md."]
         source_common = [f"export HPCGPU_CONTAINER=${{HPCGPU_CONTAINER:-{shlex.quote(options.container)}}}",
                          f"export HPCGPU_CONTAINER_RUNTIME=${{HPCGPU_CONTAINER_RUNTIME:-{options.container_runtime}}}",
-                         "# the image's python runs (HPCGPU_CONTAINER_PYTHON, default python); common.sh runs on the host",
+                         "# the image's python runs (HPCGPU_CONTAINER_PYTHON: python); common.sh runs on the host",
                          source_common[-1]]
     if options.cpus_per_task:
         resources.append(f"--cpus-per-task={options.cpus_per_task}")

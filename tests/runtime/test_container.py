@@ -160,5 +160,6 @@ def test_this_machine_is_read_without_errors():
     view = container.inspect()
     assert view.node_cpus == os.cpu_count()
     assert view.usable_cpus is None or 0 < view.usable_cpus <= view.node_cpus
-    assert len(view.gpu_device_files) == len([n for n in os.listdir("/dev") if n[6:].isdigit() and n.startswith("nvidia")])
+    device_files = [name for name in os.listdir("/dev") if name.startswith("nvidia") and name[6:].isdigit()]
+    assert len(view.gpu_device_files) == len(device_files)
     assert container.describe(view).startswith("inside a " if view.in_container else "no container detected")
