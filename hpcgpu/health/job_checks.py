@@ -19,6 +19,7 @@ import numpy as np
 
 from hpcgpu.health.findings import FAIL, OK, SKIP, WARN, Finding
 from hpcgpu.health.thresholds import Thresholds, format_bytes
+from hpcgpu.runtime import container
 
 #: The versions every rank must share, in report order.
 VERSION_KEYS = ("python", "mpi", "nccl", "cuda", "hpcgpu")
@@ -141,8 +142,6 @@ def judge_container(view: dict, host: str) -> Finding:
     Fails when the job asked Slurm for GPUs and cannot see them (it would run on the CPU); any other
     mismatch (InfiniBand devices, driver libraries, CPUs) is a warning: the job runs, slower.
     """
-    from hpcgpu.runtime import container
-
     seen = container.ContainerView(**view)
     where = f"{seen.runtime} container" if seen.in_container else "no container detected"
     problems = container.mismatches(seen)
