@@ -8,8 +8,10 @@ Then, per node (:mod:`hpcgpu.runtime.topology`): each GPU's NUMA node, the netwo
 possible, and per local rank the CPUs to bind to and the ``NCCL_IB_HCA`` to use (``--apply`` prints
 them as shell lines a job script can eval, ``--apply-to FILE`` writes them to FILE besides the report;
 ``--nccl-topology`` adds NCCL's own view on a GPU).
-Warns when a rank's CPUs are far from its GPU or when ranks share a GPU. Runs under mpiexec/srun
-(one row per rank) or alone.
+It says whether it runs inside a container (:mod:`hpcgpu.runtime.container`) and what of the node
+the container hides. Warns when a rank's CPUs are far from its GPU, when ranks share a GPU, and when
+GPUs, InfiniBand devices or CPUs of the node are out of reach. Runs under mpiexec/srun (one row per
+rank) or alone.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import json
 import platform
 import shlex
 
-from hpcgpu.runtime import nccl_topology, topology
+from hpcgpu.runtime import container, nccl_topology, topology
 from hpcgpu.runtime.affinity import cpus_near_gpu, current_cpus, format_cpus
 
 _TOPOLOGY_NAMES = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
@@ -120,6 +122,8 @@ def collect(comm, backend: str = "auto", nccl_topology: bool = False) -> dict:
     matrices = comm.mpi.gather((comm.hostname, matrix) if comm.local_rank == 0 else None, root=0)
     node_topology = topology.node_report(node_bus_ids) if comm.local_rank == 0 else None
     topologies = comm.mpi.gather((comm.hostname, node_topology) if comm.local_rank == 0 else None, root=0)
+    node_view = container.inspect().as_dict() if comm.local_rank == 0 else None
+    views = comm.mpi.gather((comm.hostname, node_view) if comm.local_rank == 0 else None, root=0)
     if comm.rank != 0:
         return None
     nccl_view = None
@@ -145,13 +149,17 @@ def collect(comm, backend: str = "auto", nccl_topology: bool = False) -> dict:
         "ranks": rows,
         "link_matrices": {host: m for host, m in (x for x in matrices if x)},
         "topologies": {host: t for host, t in (x for x in topologies if x)},
+        "containers": {host: v for host, v in (x for x in views if x)},
         "nccl_topology": nccl_view,
     }
 
 
 def warnings_for(report: dict) -> list[str]:
-    """Problems worth a warning: CPUs far from the GPU, GPUs shared by several ranks."""
+    """Problems worth a warning: CPUs far from the GPU, GPUs shared by several ranks, and what a container
+    (or a cgroup) hides of its node (:func:`hpcgpu.runtime.container.mismatches`)."""
     found = []
+    for host, view in report.get("containers", {}).items():
+        found += [f"{host}: {problem}" for _, problem in container.mismatches(container.ContainerView(**view))]
     by_uuid = {}
     for row in report["ranks"]:
         gpu = row["gpu"]
@@ -196,6 +204,7 @@ def format_report(report: dict) -> str:
         lines.append(" " * 14 + "".join(f"{i:>6}" for i in range(len(gpus))))
         for i, (bus, row) in enumerate(zip(gpus, matrix["links"])):
             lines.append(f"{i:>2} {bus[-11:]:<11}" + "".join(f"{c:>6}" for c in row))
+    lines += format_containers(report.get("containers", {}))
     lines += format_topologies(report.get("topologies", {}))
     nccl_view = report.get("nccl_topology")
     if nccl_view:
@@ -204,6 +213,18 @@ def format_report(report: dict) -> str:
     for warning in warnings_for(report):
         lines.append(f"WARNING: {warning}")
     return "\n".join(lines)
+
+
+def format_containers(views: dict) -> list[str]:
+    """One line per distinct view: container or not, GPUs / InfiniBand / CPUs seen against the node's."""
+    groups: dict[str, list[str]] = {}
+    for host, view in views.items():
+        groups.setdefault(container.describe(container.ContainerView(**view)), []).append(host)
+    lines = []
+    for text, hosts in groups.items():
+        more = f" (and {len(hosts) - 1} more node(s) alike)" if len(hosts) > 1 else ""
+        lines += ["", f"Container on {hosts[0]}{more}: {text}"]
+    return lines
 
 
 def _adapter_line(adapter: dict) -> str:

@@ -41,6 +41,8 @@ from hpcgpu.jobscript_template import SCRIPTS, BatchScript, render_batch_script
 #: The shipped scripts: package data of hpcgpu (a link to the checkout's jobscripts/ in a checkout).
 TEMPLATES = SCRIPTS
 APPS = ("stencil", "md", "train")
+#: What starts a rank's container (jobscripts/common.sh, HPCGPU_CONTAINER_RUNTIME).
+CONTAINER_RUNTIMES = ("apptainer", "singularity", "pyxis", "podman")
 #: Slurm's --time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 TIME_FORMAT = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}")
 
@@ -49,6 +51,7 @@ examples:
   hpcgpu jobscript stencil --nodes 2 --gpus-per-node 4 --time 01:00:00 -- --model swe --steps 5000
   hpcgpu jobscript md --gpus-per-node 8 --cpus-per-task 14 --partition gpu --account proj42 --preemptible
   hpcgpu jobscript train --cpu --ntasks-per-node 64 --time 30 -o train-cpu.sbatch -- --backend numpy
+  hpcgpu jobscript stencil --nodes 4 --gpus-per-node 4 --container hpcgpu.sif   every rank in the image
   hpcgpu jobscript --list                  the shipped templates (single/multi-node, preemptible, sweep)
   hpcgpu jobscript --copy-templates DIR    copies of them to edit, pointing at this installation
   hpcgpu jobscript --write-shipped jobscripts   (in a checkout) the shipped scripts again, after a change
@@ -91,6 +94,13 @@ def build_parser(prog: str = "hpcgpu jobscript") -> argparse.ArgumentParser:
                             "--checkpoint-every N to the app flags to survive crashes too; docs/jobscripts.md)")
     shape.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
                        help="any other #SBATCH option, repeatable, e.g. --sbatch=--constraint=h100")
+    image = parser.add_argument_group("container (docs/containers.md)")
+    image.add_argument("--container", metavar="IMAGE",
+                       help="run info, check and the app inside IMAGE, one container per rank started by srun "
+                            "(the image's python and hpcgpu; the submit directory mounted at its path)")
+    image.add_argument("--container-runtime", choices=CONTAINER_RUNTIMES, default="apptainer",
+                       help="what starts each rank's container: apptainer (or singularity) exec IMAGE, srun "
+                            "--container-image=IMAGE (pyxis + enroot), or podman run IMAGE [apptainer]")
     out = parser.add_argument_group("output")
     out.add_argument("-o", "--output", metavar="FILE", help="the script to write, - for stdout [JOB-NAME.sbatch]")
     out.add_argument("--python", default=sys.executable,
@@ -196,13 +206,22 @@ def render(options, app_args: list[str], command_line: str) -> str:
               "follow-up job that continues from the newest checkpoint (docs/health.md; HPCGPU_CHECK=0: no check).",
               "The log goes to --output below, relative to the directory you submit from; run directories to",
               "runs/<job-name>-<job-id>/ (HPCGPU_RUNS_DIR). Submit: sbatch THIS-FILE. Knobs: docs/jobscripts.md"]
+    source_common = _source_lines(options.python, common_sh()).splitlines()
+    if options.container:
+        about += [f"Every rank runs in the container image {options.container} ({options.container_runtime}; "
+                  "HPCGPU_CONTAINER* knobs),",
+                  "with the image's python and hpcgpu; docs/containers.md."]
+        source_common = [f"export HPCGPU_CONTAINER=${{HPCGPU_CONTAINER:-{shlex.quote(options.container)}}}",
+                         f"export HPCGPU_CONTAINER_RUNTIME=${{HPCGPU_CONTAINER_RUNTIME:-{options.container_runtime}}}",
+                         "# the image's python runs (HPCGPU_CONTAINER_PYTHON: python); common.sh runs on the host",
+                         source_common[-1]]
     if options.cpus_per_task:
         resources.append(f"--cpus-per-task={options.cpus_per_task}")
     resources.append(f"--time={options.time}")
     return render_batch_script(BatchScript(
         about=tuple(about), job_name=options.job_name or app, log=options.log, resources=tuple(resources),
         app_module=f"apps.{app}", app_arguments=tuple(map(shlex.quote, app_args)),
-        source_common=tuple(_source_lines(options.python, common_sh()).splitlines()),
+        source_common=tuple(source_common),
         preemptible=options.preemptible, partition=options.partition, account=options.account,
         extra_options=tuple(options.sbatch)))
 
@@ -268,7 +287,7 @@ def main(argv=None, prog: str = "hpcgpu jobscript") -> int:
                      "a GPU job runs one rank per GPU; give --gpus-per-node only")
     if not TIME_FORMAT.fullmatch(options.time):
         parser.error(f"--time {options.time!r}: expected minutes, HH:MM:SS or D-HH:MM:SS (as sbatch --time)")
-    for flag in ("partition", "account", "job_name", "log"):
+    for flag in ("partition", "account", "job_name", "log", "container"):
         _check_value(parser, "--" + flag.replace("_", "-"), getattr(options, flag))
     for option in options.sbatch:
         if not option.startswith("-") or "\n" in option:

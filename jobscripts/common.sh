@@ -47,13 +47,26 @@ HPCGPU_FOLLOWUP_SBATCH=${HPCGPU_FOLLOWUP_SBATCH:-}   # extra sbatch flags of fol
 HPCGPU_MAX_FOLLOWUPS=${HPCGPU_MAX_FOLLOWUPS:-3}
 HPCGPU_FOLLOWUP=${HPCGPU_FOLLOWUP:-0}        # set by the job script itself: how many follow-ups came before
 
+# ---------------------------------------------------------------- containers (docs/containers.md)
+# HPCGPU_CONTAINER=IMAGE: `hpcgpu info`, `hpcgpu check` and the app run inside IMAGE, one container per
+# rank, started by the host's launcher (srun), with the image's interpreter and hpcgpu; the run directory
+# is the submit directory, mounted at the same path.
+HPCGPU_CONTAINER=${HPCGPU_CONTAINER:-}
+HPCGPU_CONTAINER_RUNTIME=${HPCGPU_CONTAINER_RUNTIME:-apptainer}   # apptainer | singularity | pyxis | podman
+HPCGPU_CONTAINER_FLAGS=${HPCGPU_CONTAINER_FLAGS:-}   # more flags for the runtime, e.g. "--bind /scratch"
+HPCGPU_CONTAINER_EXEC=()
+if [ -n "$HPCGPU_CONTAINER" ]; then
+    HPCGPU_PYTHON=${HPCGPU_CONTAINER_PYTHON:-python}   # the image's; a host path means nothing inside
+    HPCGPU_ROOT=                                       # the image's hpcgpu, not a checkout on PYTHONPATH
+fi
+
 if [ -n "${HPCGPU_ROOT:-}" ] && [ ! -f "$HPCGPU_ROOT/hpcgpu/__init__.py" ]; then
     echo "[hpcgpu-job] ERROR: HPCGPU_ROOT=$HPCGPU_ROOT is not an hpcgpu checkout (no hpcgpu/__init__.py);" \
          "submit from the repository root, export HPCGPU_ROOT=/path/to/hpcgpu, or unset it to use" \
          "the hpcgpu installed for HPCGPU_PYTHON" >&2
     exit 2
 fi
-if ! command -v "$HPCGPU_PYTHON" >/dev/null 2>&1; then
+if [ -z "$HPCGPU_CONTAINER" ] && ! command -v "$HPCGPU_PYTHON" >/dev/null 2>&1; then
     echo "[hpcgpu-job] ERROR: HPCGPU_PYTHON=$HPCGPU_PYTHON is not an executable; export" \
          "HPCGPU_PYTHON=/path/to/venv/bin/python" >&2
     exit 2
@@ -135,6 +148,51 @@ if [ -n "${SLURM_GPUS_ON_NODE:-}" ] && [ "${SLURM_GPUS_ON_NODE//[!0-9]/}" = "$SL
     fi
 fi
 
+# Each rank's container: HPCGPU_CONTAINER_EXEC goes between the launcher (and the bind wrapper) and
+# the interpreter. Apptainer and podman inherit the launcher's PMI variables, so the MPI inside (MPICH's
+# PMI-2 client with srun --mpi=pmi2, PMIx with --mpi=pmix) finds srun; pyxis is srun's own plugin.
+# GPUs: apptainer --nv, podman --device nvidia.com/gpu=all (the NVIDIA Container Toolkit's CDI name).
+_HPCGPU_GPU_JOB=0
+if [ "${SLURM_GPUS_ON_NODE:-0}" != 0 ] && [ -n "${SLURM_GPUS_ON_NODE:-}" ]; then _HPCGPU_GPU_JOB=1; fi
+# podman passes only the variables named with --env; srun's PMI-2 client talks over the inherited file
+# descriptor PMI_FD, which podman passes only as one of 3, 4, ...: it is moved to 3 first.
+_HPCGPU_PODMAN_RANK='if [ -n "${PMI_FD:-}" ] && [ "$PMI_FD" != 3 ]; then
+    eval "exec 3>&$PMI_FD" && export PMI_FD=3
+fi
+exec podman run --rm ${PMI_FD:+--preserve-fds=1} "$@"'
+if [ -n "$HPCGPU_CONTAINER" ]; then
+    read -r -a _hpcgpu_container_flags <<< "$HPCGPU_CONTAINER_FLAGS"
+    case $HPCGPU_CONTAINER_RUNTIME in
+        apptainer|singularity)
+            HPCGPU_CONTAINER_EXEC=("$HPCGPU_CONTAINER_RUNTIME" exec)
+            [ "$_HPCGPU_GPU_JOB" = 1 ] && HPCGPU_CONTAINER_EXEC+=(--nv)
+            HPCGPU_CONTAINER_EXEC+=(--bind "$PWD" --pwd "$PWD" "${_hpcgpu_container_flags[@]}" "$HPCGPU_CONTAINER")
+            ;;
+        pyxis)
+            HPCGPU_LAUNCH+=("--container-image=$HPCGPU_CONTAINER" "--container-mounts=$PWD"
+                            "--container-workdir=$PWD" "${_hpcgpu_container_flags[@]}")
+            ;;
+        podman)
+            HPCGPU_CONTAINER_EXEC=(bash -c "$_HPCGPU_PODMAN_RANK" hpcgpu-podman-rank
+                --network=host --ipc=host --pid=host --uts=host --user "$(id -u):$(id -g)"
+                --volume "$PWD:$PWD" --workdir "$PWD" --env 'SLURM_*' --env 'PMI_*' --env 'PMIX_*'
+                --env 'HPCGPU_*' --env 'NCCL_*' --env OMP_NUM_THREADS --env PYTHONUNBUFFERED)
+            [ "$_HPCGPU_GPU_JOB" = 1 ] && HPCGPU_CONTAINER_EXEC+=(--device nvidia.com/gpu=all)
+            HPCGPU_CONTAINER_EXEC+=("${_hpcgpu_container_flags[@]}" "$HPCGPU_CONTAINER")
+            ;;
+        *)
+            echo "[hpcgpu-job] ERROR: HPCGPU_CONTAINER_RUNTIME=$HPCGPU_CONTAINER_RUNTIME: expected apptainer," \
+                 "singularity, pyxis or podman" >&2
+            exit 2
+            ;;
+    esac
+    if [ "$HPCGPU_CONTAINER_RUNTIME" != pyxis ] && ! command -v "$HPCGPU_CONTAINER_RUNTIME" >/dev/null 2>&1; then
+        echo "[hpcgpu-job] ERROR: HPCGPU_CONTAINER_RUNTIME=$HPCGPU_CONTAINER_RUNTIME but no" \
+             "$HPCGPU_CONTAINER_RUNTIME command on this node; load its module or pick another runtime" >&2
+        exit 2
+    fi
+fi
+
 hpcgpu_log() { echo "[hpcgpu-job] $*"; }
 
 # The per-job run directory: runs/<job-name>-<job-id>[_<task-id>], HPCGPU_RUN_DIR when set (a chain
@@ -184,7 +242,8 @@ _hpcgpu_prepare() {
                    "CPUs per rank ${CPUS_PER_RANK:-?}, OMP_NUM_THREADS=$OMP_NUM_THREADS"
     fi
     hpcgpu_log "run directory $HPCGPU_RUN_DIR; python $HPCGPU_PYTHON;" \
-               "code ${HPCGPU_ROOT:-installed hpcgpu (no HPCGPU_ROOT checkout)}"
+               "code ${HPCGPU_ROOT:-installed hpcgpu (no HPCGPU_ROOT checkout)}" \
+               "${HPCGPU_CONTAINER:+in the $HPCGPU_CONTAINER_RUNTIME container $HPCGPU_CONTAINER}"
 }
 
 # Each rank's launch wrapper when the report recommends a binding (HPCGPU_BIND=topology): source the
@@ -213,7 +272,7 @@ _hpcgpu_info() {
     read -r -a flags <<< "$HPCGPU_INFO_FLAGS"
     rm -f "$topology"
     hpcgpu_log "topology: ${HPCGPU_LAUNCH[*]} $HPCGPU_PYTHON -m hpcgpu info ${flags[*]} --apply-to $topology"
-    "${HPCGPU_LAUNCH[@]}" "$HPCGPU_PYTHON" -m hpcgpu info "${flags[@]}" --apply-to "$topology" \
+    "${HPCGPU_LAUNCH[@]}" "${HPCGPU_CONTAINER_EXEC[@]}" "$HPCGPU_PYTHON" -m hpcgpu info "${flags[@]}" --apply-to "$topology" \
         > "$HPCGPU_RUN_DIR/info.txt" 2>&1
     rc=$?
     cat "$HPCGPU_RUN_DIR/info.txt"
@@ -246,7 +305,7 @@ _hpcgpu_check() {
     rm -f "$HPCGPU_RUN_DIR/exclude.txt"
     hpcgpu_log "health check: ${HPCGPU_LAUNCH[*]} $HPCGPU_PYTHON -m hpcgpu check --checkpoint-dir" \
                "$HPCGPU_RUN_DIR/checkpoints ${flags[*]}"
-    "${HPCGPU_LAUNCH[@]}" "$HPCGPU_PYTHON" -m hpcgpu check --checkpoint-dir "$HPCGPU_RUN_DIR/checkpoints" \
+    "${HPCGPU_LAUNCH[@]}" "${HPCGPU_CONTAINER_EXEC[@]}" "$HPCGPU_PYTHON" -m hpcgpu check --checkpoint-dir "$HPCGPU_RUN_DIR/checkpoints" \
         --json "$HPCGPU_RUN_DIR/check.json" --exclude-file "$HPCGPU_RUN_DIR/exclude.txt" "${flags[@]}" \
         > "$HPCGPU_RUN_DIR/check.txt" 2>&1
     rc=$?
@@ -345,8 +404,8 @@ hpcgpu_run() {
         set -- --restart latest "$@"   # a follow-up job continues where the one before it stopped
     fi
     rm -f "$HPCGPU_RUN_DIR/hang.json"
-    hpcgpu_log "launch: ${HPCGPU_LAUNCH[*]}${HPCGPU_RANK_WRAPPER:+ [bind wrapper]} $HPCGPU_PYTHON -m $app $*"
-    "${HPCGPU_LAUNCH[@]}" "${HPCGPU_RANK_WRAPPER[@]}" "$HPCGPU_PYTHON" -m "$app" "$@"
+    hpcgpu_log "launch: ${HPCGPU_LAUNCH[*]}${HPCGPU_RANK_WRAPPER:+ [bind wrapper]}${HPCGPU_CONTAINER:+ [$HPCGPU_CONTAINER_RUNTIME $HPCGPU_CONTAINER]} $HPCGPU_PYTHON -m $app $*"
+    "${HPCGPU_LAUNCH[@]}" "${HPCGPU_RANK_WRAPPER[@]}" "${HPCGPU_CONTAINER_EXEC[@]}" "$HPCGPU_PYTHON" -m "$app" "$@"
     rc=$?
     [ -f "$HPCGPU_RUN_DIR/hang.json" ] && rc=76   # the launcher may report the signal that ended the ranks
     _hpcgpu_report_exit $rc
@@ -425,9 +484,9 @@ hpcgpu_run_preemptible() {
         rc=75
         hpcgpu_log "signal before the app started: not starting it"
     else
-        hpcgpu_log "launch: ${HPCGPU_LAUNCH[*]}${HPCGPU_RANK_WRAPPER:+ [bind wrapper]} $HPCGPU_PYTHON -m $app $*"
+        hpcgpu_log "launch: ${HPCGPU_LAUNCH[*]}${HPCGPU_RANK_WRAPPER:+ [bind wrapper]}${HPCGPU_CONTAINER:+ [$HPCGPU_CONTAINER_RUNTIME $HPCGPU_CONTAINER]} $HPCGPU_PYTHON -m $app $*"
         _hpcgpu_launched_at=$SECONDS
-        "${HPCGPU_LAUNCH[@]}" "${HPCGPU_RANK_WRAPPER[@]}" "$HPCGPU_PYTHON" -m "$app" "$@" &
+        "${HPCGPU_LAUNCH[@]}" "${HPCGPU_RANK_WRAPPER[@]}" "${HPCGPU_CONTAINER_EXEC[@]}" "$HPCGPU_PYTHON" -m "$app" "$@" &
         _hpcgpu_launcher_pid=$!
         # `wait` returns early (status > 128) whenever a trapped signal arrives; a short sleep lets
         # a held signal be forwarded once the app is ready. Loop until the launcher is gone, then

@@ -3,7 +3,8 @@
 Under ``srun`` / ``mpiexec`` each rank checks its own GPU through NVML (:mod:`~hpcgpu.health.readings`:
 ECC, row remapping, XID, temperature, clocks and throttling, power cap, PCIe, NVLink), probes its device
 bandwidth, and the ranks together measure the job transport's links and allreduce, compare their
-software versions and clocks and the free space where checkpoints go. Rank 0 prints a table per node
+software versions and clocks, the free space where checkpoints go, and whether a container hides the
+node's GPUs, InfiniBand devices or CPUs (:mod:`hpcgpu.runtime.container`). Rank 0 prints a table per node
 and one verdict line, writes ``--json FILE`` and ``--exclude-file FILE`` (the nodes a follow-up job
 should avoid), and every rank exits with the verdict's code:
 
@@ -160,6 +161,7 @@ def collect(comm, options, gpu_source=None) -> dict:
     from hpcgpu.health import job_checks, probes
     from hpcgpu.health.readings import NvmlSource
     from hpcgpu.health.report import build_report
+    from hpcgpu.runtime import container
     from hpcgpu.transport.selection import select_transport
 
     thresholds = Thresholds.from_options(options)
@@ -184,6 +186,7 @@ def collect(comm, options, gpu_source=None) -> dict:
     job_found += job_checks.judge_versions(versions, hosts)
     job_found += job_checks.judge_clock_offsets(job_checks.clock_offsets(comm), thresholds)
     if comm.local_rank == 0:
+        found.append(job_checks.judge_container(container.inspect().as_dict(), comm.hostname))
         found.append(job_checks.judge_free_space(job_checks.free_space(options.checkpoint_dir), thresholds,
                                                  comm.hostname))
     everyone = [f for rank_found in comm.mpi.allgather(found) for f in rank_found]

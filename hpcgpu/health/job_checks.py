@@ -1,4 +1,5 @@
-"""Checks that compare ranks and nodes: software versions, clocks, free space, link bandwidth.
+"""Checks that compare ranks and nodes: software versions, clocks, free space, link bandwidth, and what a
+container hides of its node.
 
 Collective functions gather what they need; the ``judge_*`` functions only look at gathered values
 and are what the tests call directly.
@@ -18,6 +19,7 @@ import numpy as np
 
 from hpcgpu.health.findings import FAIL, OK, SKIP, WARN, Finding
 from hpcgpu.health.thresholds import Thresholds, format_bytes
+from hpcgpu.runtime import container
 
 #: The versions every rank must share, in report order.
 VERSION_KEYS = ("python", "mpi", "nccl", "cuda", "hpcgpu")
@@ -132,6 +134,25 @@ def free_space(directory: str | os.PathLike) -> dict:
     usage = shutil.disk_usage(existing)
     return {"directory": str(path), "measured_at": str(existing), "free_bytes": usage.free,
             "total_bytes": usage.total, "writable": os.access(existing, os.W_OK | os.X_OK)}
+
+
+def judge_container(view: dict, host: str) -> Finding:
+    """What a container (or a cgroup) hides of this node (:func:`hpcgpu.runtime.container.mismatches`).
+
+    Fails when the job asked Slurm for GPUs and cannot see them (it would run on the CPU); any other
+    mismatch (InfiniBand devices, driver libraries, CPUs) is a warning: the job runs, slower.
+    """
+    seen = container.ContainerView(**view)
+    where = f"{seen.runtime} container" if seen.in_container else "no container detected"
+    problems = container.mismatches(seen)
+    if not problems:
+        return Finding("container", OK, f"{where}; sees all of the node's GPUs ({len(seen.host_gpus)}), InfiniBand "
+                       f"adapters ({len(seen.host_hcas)}) and CPUs ({seen.node_cpus})", host,
+                       scope="node", values=view)
+    kinds = {kind for kind, _ in problems}
+    status = FAIL if "gpus" in kinds and seen.requested_gpus else WARN
+    return Finding("container", status, f"{where}: " + "; ".join(message for _, message in problems), host,
+                   scope="node", values=view)
 
 
 def judge_free_space(entry: dict, thresholds: Thresholds, host: str) -> Finding:
