@@ -75,6 +75,9 @@ def parse_arguments(argv=None):
     parser.add_argument("--kills", type=int, default=3, help="kill section: kills of the GPU run [3]")
     parser.add_argument("--seed", type=int, default=2026, help="kill section: seed of the kill moments [2026]")
     parser.add_argument("--workers", type=int, default=4, help="suite: pytest-xdist workers when installed [4]")
+    parser.add_argument("--time-limit", type=float, default=570.0, metavar="SECONDS",
+                        help="the whole program's limit: every run's timeout is cut to what is left, and a section "
+                             "that cannot start in time becomes a 'not run' row, so the table is always printed [570]")
     parser.add_argument("--output", required=True, help="a new directory for every run's command and log")
     parser.add_argument("--json", metavar="FILE", help="write the rows as JSON")
     arguments = parser.parse_args(argv)
@@ -110,6 +113,11 @@ class Acceptance:
         self.device = device_name(self.gpu)
         self.rows: list[dict] = []
         self._count = 0
+        self.deadline = time.monotonic() + arguments.time_limit
+
+    def left(self, wanted: float) -> float:
+        """A run's timeout: ``wanted`` seconds, or what is left before the time limit (less a margin)."""
+        return max(1.0, min(wanted, self.deadline - time.monotonic() - 10.0))
 
     def run(self, name: str, args: list[str], timeout: float, env: dict | None = None) -> tuple[Path, str]:
         """``python ARGS`` (``{dir}`` is the run's directory) under ``timeout``; (directory, log).
@@ -119,6 +127,7 @@ class Acceptance:
         directory.mkdir()
         command = [sys.executable, *(part.replace("{dir}", str(directory)) for part in args)]
         started = time.perf_counter()
+        timeout = self.left(timeout)
         result = run_command(command, timeout, env=env, cwd=ROOT, label="gpu_acceptance")
         (directory / "command.txt").write_text(shlex.join(command) + "\n")
         (directory / "log.txt").write_text(result.output)
@@ -142,6 +151,10 @@ class Acceptance:
 
     def section(self, name: str) -> None:
         print(f"{name}:", flush=True)
+        if self.deadline - time.monotonic() < 30:
+            self.add(name, f"{name} (not run)", f"--time-limit {self.arguments.time_limit:.0f} s reached", None, "runs",
+                     False)
+            return
         started = time.perf_counter()
         try:
             FUNCTIONS[name](self)
@@ -160,7 +173,7 @@ def section_suite(a: Acceptance) -> None:
     directory.mkdir()
     command = [sys.executable, "-m", "pytest", *selection, *parallel, "-q", "-p", "no:cacheprovider",
                "--junitxml", str(directory / "junit.xml")]
-    result = run_command(command, 420 if not a.arguments.quick else 120, cwd=ROOT, label="gpu_acceptance")
+    result = run_command(command, a.left(420 if not a.arguments.quick else 120), cwd=ROOT, label="gpu_acceptance")
     (directory / "log.txt").write_text(result.output)
     counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed)", result.output)}
     failed = counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
@@ -308,7 +321,7 @@ def section_health(a: Acceptance) -> None:
     directory = a.output / "health"
     directory.mkdir()
     result = run_command([sys.executable, "-m", "hpcgpu", "check", "--backend", a.backend, "--json",
-                          str(directory / "check.json")], 120, cwd=ROOT, label="gpu_acceptance")
+                          str(directory / "check.json")], a.left(120), cwd=ROOT, label="gpu_acceptance")
     (directory / "log.txt").write_text(result.output)
     report = json.loads((directory / "check.json").read_text())
     verdict = {"ok": "HEALTHY", "warn": "WARNINGS", "fail": "FAILED"}[report["verdict"]]
