@@ -12,7 +12,8 @@ median CPU time of a ``--steps`` run minus that of a 0-step run (start-up, compi
 
 Usage (repository root)::
 
-    python benchmarks/md_lammps_cpu.py [--cells 20 40] [--repeats 3] [--steps 100] [--json md_lammps_cpu.json]
+    python benchmarks/md_lammps_cpu.py [--cells 20 40] [--repeats 3] [--steps 100] [--cases 1 2 all]
+                                       [--json md_lammps_cpu.json]
 
 Needs LAMMPS's ``lmp`` (Debian/Ubuntu: ``apt-get install lammps``; or ``LMP=/path/to/lmp``) and, for more
 than one LAMMPS rank, the ``mpirun`` of the MPI it was built with (default: ``mpirun.openmpi`` when
@@ -151,6 +152,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=100, help="timed steps [100]")
     parser.add_argument("--repeats", type=int, default=3, help="alternated repeats of every case [3]")
     parser.add_argument("--cores", type=int, default=os.cpu_count(), help="cores of the all-cores case [all]")
+    parser.add_argument("--cases", nargs="+", choices=("1", "2", "all"), default=["1", "2", "all"],
+                        help="1 rank, 2 ranks (one thread per rank), all cores [all three]")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run [1800]")
     parser.add_argument("--json", default="md_lammps_cpu.json", help="result file [md_lammps_cpu.json]")
     options = parser.parse_args(argv)
@@ -160,6 +163,7 @@ def main(argv=None) -> int:
     cases = [("1 rank x 1 thread", {"lammps": (1, 1), "apps.md": (1, 1)}),
              ("2 ranks x 1 thread", {"lammps": (2, 1), "apps.md": (2, 1)}),
              (f"all {options.cores} cores", {"lammps": (options.cores, 1), "apps.md": (1, options.cores)})]
+    cases = [case for case, key in zip(cases, ("1", "2", "all")) if key in options.cases]
     runs = []
     for repeat in range(options.repeats):
         for cells in options.cells:

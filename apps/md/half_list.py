@@ -227,14 +227,16 @@ def half_forces(positions, types, half_list: HalfNeighborList, pair_table, force
     energy_per_atom, virial_per_atom : numpy.ndarray, shape (n_local,), float64, or None (not computed)
         -- overwritten: half of each pair's E(r) and r.f(r) (epsilon) goes to each owned atom of the pair
 
-    Pair terms in float64 from separations in the positions' dtype; sums in float64. Ghost rows of the
+    Pair terms in float64 from separations in the positions' dtype; sums in float64 (arrays zeroed by the
+    caller: ``forces``/``energies`` of the kernels hold zeros on entry). Ghost rows of the
     float64 scratch sums receive the reaction forces too and are dropped (no branch in the inner loop).
     Returns None.
     """
     n_local = half_list.n_local
     compute_energy = energy_per_atom is not None
-    accumulated = np.empty((positions.shape[0], 3))
-    energies = np.empty((positions.shape[0], 2)) if compute_energy else np.empty((0, 2))
+    # Zeroed here, in one memset, rather than in one more parallel region of the kernel.
+    accumulated = np.zeros((positions.shape[0], 3))
+    energies = np.zeros((positions.shape[0], 2)) if compute_energy else np.zeros((0, 2))
     kernel = _half_forces_one_type if pair_table.shape[0] == 1 else _half_forces_typed
     kernel(positions, types, half_list.neighbors, half_list.counts, half_list.order, half_list.row_start,
            half_list.group_rows, half_list.group_start, half_list.color_start, pair_table, compute_energy,
@@ -253,13 +255,6 @@ def _half_forces_one_type(positions, types, neighbors, counts, order, row_start,
     capacity = neighbors.shape[1]
     c12, c6, cutoff_sq, energy_shift, force_shift = table[0, 0, 0], table[0, 0, 1], table[0, 0, 2], \
         table[0, 0, 3], table[0, 0, 4]
-    for i in numba.prange(forces.shape[0]):
-        forces[i, 0] = 0.0
-        forces[i, 1] = 0.0
-        forces[i, 2] = 0.0
-        if compute_energy:
-            energies[i, 0] = 0.0
-            energies[i, 1] = 0.0
     for color in range(color_start.shape[0] - 1):
         for task in numba.prange(color_start[color], color_start[color + 1]):
             real = positions.dtype
@@ -328,13 +323,6 @@ def _half_forces_one_type(positions, types, neighbors, counts, order, row_start,
 def _half_forces_typed(positions, types, neighbors, counts, order, row_start, group_rows, group_start, color_start,
                        table, compute_energy, forces, energies):
     """Several atom types: the pair coefficients looked up per pair; otherwise as the one-type kernel."""
-    for i in numba.prange(forces.shape[0]):
-        forces[i, 0] = 0.0
-        forces[i, 1] = 0.0
-        forces[i, 2] = 0.0
-        if compute_energy:
-            energies[i, 0] = 0.0
-            energies[i, 1] = 0.0
     for color in range(color_start.shape[0] - 1):
         for task in numba.prange(color_start[color], color_start[color + 1]):
             for number in range(group_start[task], group_start[task + 1]):

@@ -27,6 +27,7 @@ from hpcgpu.errors import ConfigurationError
 
 from ._arrays import THREADS_PER_BLOCK, _is_cupy, array_module, blocks_for, check_array, raw_kernel
 from .cells import CellGrid, CellList, bin_atoms
+from .integrate import PARALLEL_FROM
 from .half_list import HalfNeighborList, build_half_neighbor_list, half_capacity_estimate
 
 #: Capacity growth after an overflow: new capacity = ceil(needed * GROWTH) + 8.
@@ -155,7 +156,8 @@ def needs_rebuild(positions, neighbor_list: NeighborList) -> bool:
         kernel((blocks_for(n_local),), (THREADS_PER_BLOCK,),
                (positions, reference, np.int32(n_local), np.float64(threshold_sq), flag))
         return bool(int(flag.get()[0]))
-    return bool(_displacement_exceeds_cpu(positions, reference, n_local, threshold_sq) > 0)
+    kernel = _displacement_exceeds_cpu if n_local >= PARALLEL_FROM else _displacement_exceeds_serial
+    return bool(kernel(positions, reference, n_local, threshold_sq) > 0)
 
 
 def _build_once(positions, n_local, cell_list, grid, cutoff, neighbors, counts) -> int:
@@ -236,6 +238,17 @@ def _build_cpu(positions, n_local, cell_start, cell_atoms, shape, cutoff_sq, nei
             for m in range(min(count, capacity)):  # past capacity: keep counting, write nothing
                 neighbors[m, i] = found[m]
             counts[i] = count
+
+
+@numba.njit(cache=True)
+def _displacement_exceeds_serial(positions, reference, n_local, threshold_sq):
+    for i in range(n_local):
+        dx = positions[i, 0] - reference[i, 0]
+        dy = positions[i, 1] - reference[i, 1]
+        dz = positions[i, 2] - reference[i, 2]
+        if dx * dx + dy * dy + dz * dz > threshold_sq:
+            return 1
+    return 0
 
 
 @numba.njit(parallel=True, cache=True)
