@@ -1,6 +1,7 @@
 """Time the CPU neighbour builds and force kernels alone on in.lj (fcc 0.8442, 20^3 cells = 32,000 atoms,
 one rank with its periodic ghosts): the half list (the CPU path) and the full list (the GPU layout),
-milliseconds per call, best of ``--repeats`` means of ``--calls`` calls.
+CPU milliseconds per call (this process, all its threads: robust on a shared machine), best of
+``--repeats`` means of ``--calls`` calls.
 
 Usage (repository root):  python benchmarks/md_cpu_kernels.py [--cells 20] [--calls 10] [--repeats 5]
 Numba's threads: NUMBA_NUM_THREADS (default: every core).
@@ -20,10 +21,10 @@ def best_mean_ms(work, calls: int, repeats: int) -> float:
     work()   # compiled (or loaded from Numba's cache) before timing
     means = []
     for _ in range(repeats):
-        started = time.perf_counter()
+        started = time.process_time()
         for _ in range(calls):
             work()
-        means.append((time.perf_counter() - started) / calls * 1e3)
+        means.append((time.process_time() - started) / calls * 1e3)
     return min(means)
 
 

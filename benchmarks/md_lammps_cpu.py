@@ -90,9 +90,8 @@ class Lammps:
         self.workdir = workdir
         (workdir / "in.lj").write_text(IN_LJ)
         self.version = subprocess.run([self.binary, "-h"], stdout=subprocess.PIPE, text=True).stdout
-        found = re.search(r"LAMMPS \(([^)]*)\)", self.version) or re.search(r"Large-scale.*?\n.*?(\d+ \w+ \d{4})",
-                                                                           self.version)
-        self.version = found.group(1) if found else "unknown"
+        found = re.search(r"Simulator - (.+)", self.version) or re.search(r"LAMMPS \(([^)]*)\)", self.version)
+        self.version = found.group(1).strip() if found else "unknown"
 
     def command(self, ranks: int) -> list[str]:
         if ranks == 1:
