@@ -31,6 +31,7 @@ sum is then added in one fixed order -- the same bits on 1 or 64 threads.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import NamedTuple
 
@@ -38,6 +39,11 @@ import numba
 import numpy as np
 
 from .cells import CellGrid, CellList
+
+#: Owned atoms below which the build and the forces run on the calling thread alone: a small system's
+#: work per colour is shorter than a parallel region's start and barrier (far shorter when the cores are
+#: shared). The schedule is the same, so are the bits.
+SERIAL_BELOW = 4096
 
 #: Colours of the task schedule: tasks (2 x 2 blocks of rows) with equal (cz // 2 % 2, cy // 2 % 2).
 N_COLORS = 4
@@ -119,8 +125,9 @@ def build_half_neighbor_list(positions: np.ndarray, n_local: int, cell_list: Cel
         neighbors = np.empty((n_local, capacity), dtype=np.int32)
         needed = 0
         if n_local:
-            _build_half(positions, n_local, cell_start, cell_atoms, cell_first, nx, ny, nz,
-                                 positions.dtype.type(cutoff * cutoff), order, neighbors, counts)
+            with _threads_for(n_local):
+                _build_half(positions, n_local, cell_start, cell_atoms, cell_first, nx, ny, nz,
+                            positions.dtype.type(cutoff * cutoff), order, neighbors, counts)
             needed = int(counts.max())
         if needed <= capacity:
             break
@@ -130,6 +137,20 @@ def build_half_neighbor_list(positions: np.ndarray, n_local: int, cell_list: Cel
                             group_rows=group_rows, group_start=group_start, color_start=color_start,
                             cutoff=float(cutoff), skin=float(skin),
                             reference_positions=positions[:n_local].copy(), n_reallocations=n_reallocations)
+
+
+@contextlib.contextmanager
+def _threads_for(n_local: int):
+    """Numba's threads for a kernel over ``n_local`` owned atoms: one below :data:`SERIAL_BELOW`."""
+    if n_local >= SERIAL_BELOW:
+        yield
+        return
+    previous = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(previous)
 
 
 def half_capacity_estimate(n_atoms: int, grid: CellGrid, cutoff: float) -> int:
@@ -238,9 +259,10 @@ def half_forces(positions, types, half_list: HalfNeighborList, pair_table, force
     accumulated = np.zeros((positions.shape[0], 3))
     energies = np.zeros((positions.shape[0], 2)) if compute_energy else np.zeros((0, 2))
     kernel = _half_forces_one_type if pair_table.shape[0] == 1 else _half_forces_typed
-    kernel(positions, types, half_list.neighbors, half_list.counts, half_list.order, half_list.row_start,
-           half_list.group_rows, half_list.group_start, half_list.color_start, pair_table, compute_energy,
-           accumulated, energies)
+    with _threads_for(n_local):
+        kernel(positions, types, half_list.neighbors, half_list.counts, half_list.order, half_list.row_start,
+               half_list.group_rows, half_list.group_start, half_list.color_start, pair_table, compute_energy,
+               accumulated, energies)
     forces[:] = accumulated[:n_local]
     if compute_energy:
         energy_per_atom[:] = energies[:n_local, 0]
