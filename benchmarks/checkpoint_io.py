@@ -2,7 +2,7 @@
 slowdown that an asynchronous checkpoint inflicts on the stepping thread.
 
     mpiexec -n 4 python benchmarks/checkpoint_io.py --mib-per-rank 256 --dir /scratch/$USER/bench
-    python benchmarks/checkpoint_io.py --mib-per-rank 512 --repeats 7 --phases --dir /work/ckbench
+    python benchmarks/checkpoint_io.py --mib-per-rank 512 --repeats 7 --phases --dir ./ckbench
     python benchmarks/checkpoint_io.py --mib-per-rank 1024 --json checkpoint_io.json --async
     python benchmarks/checkpoint_io.py --skip-throughput --overhead 1024:0 --overhead 1.5:100
 

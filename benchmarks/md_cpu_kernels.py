@@ -1,5 +1,7 @@
-"""Time the CPU neighbour build and force kernel alone on in.lj (fcc 0.8442, 20^3 cells = 32,000 atoms, one
-rank with its periodic ghosts), milliseconds per call, best of ``--repeats`` means of ``--calls`` calls.
+"""Time the CPU neighbour builds and force kernels alone on in.lj (fcc 0.8442, 20^3 cells = 32,000 atoms,
+one rank with its periodic ghosts): the half list (the CPU path) and the full list (the GPU layout),
+CPU milliseconds per call (this process, all its threads: robust on a shared machine), best of
+``--repeats`` means of ``--calls`` calls.
 
 Usage (repository root):  python benchmarks/md_cpu_kernels.py [--cells 20] [--calls 10] [--repeats 5]
 Numba's threads: NUMBA_NUM_THREADS (default: every core).
@@ -12,17 +14,17 @@ import time
 
 import numpy as np
 
-from apps.md import cells, forces, lattice, neighbors, potential, serial
+from apps.md import cells, forces, half_list, lattice, neighbors, potential, serial
 
 
 def best_mean_ms(work, calls: int, repeats: int) -> float:
     work()   # compiled (or loaded from Numba's cache) before timing
     means = []
     for _ in range(repeats):
-        started = time.perf_counter()
+        started = time.process_time()
         for _ in range(calls):
             work()
-        means.append((time.perf_counter() - started) / calls * 1e3)
+        means.append((time.process_time() - started) / calls * 1e3)
     return min(means)
 
 
@@ -45,11 +47,23 @@ def main() -> None:
     result = np.empty((n_local, 3))
     build = best_mean_ms(lambda: neighbors._build_once(state.positions, n_local, cell_list, grid, width, storage,
                                                        counts), options.calls, options.repeats)
-    force = best_mean_ms(lambda: forces.compute_forces(state.positions, state.types, listed, state.pair_table, result),
-                         options.calls, options.repeats)
-    print(f"{n_local} atoms, {state.positions.shape[0] - n_local} ghosts, {counts.mean():.1f} neighbours per atom")
-    print(f"neighbour build  {build:7.2f} ms")
-    print(f"forces + energy  {force:7.2f} ms")
+    half_build = best_mean_ms(lambda: half_list.build_half_neighbor_list(
+        state.positions, n_local, cell_list, grid, width, config.skin, listed.capacity, neighbors.GROWTH),
+        options.calls, options.repeats)
+    full_list = neighbors.build_neighbor_list(state.positions, n_local, cell_list, grid, config.potential.max_cutoff,
+                                              config.skin)
+    timed = {}
+    for name, chosen in (("half", listed), ("full", full_list)):
+        for energy in (False, True):
+            timed[name, energy] = best_mean_ms(lambda: forces.compute_forces(
+                state.positions, state.types, chosen, state.pair_table, result, compute_energy=energy),
+                options.calls, options.repeats)
+    print(f"{n_local} atoms, {state.positions.shape[0] - n_local} ghosts, {counts.mean():.1f} neighbours per atom "
+          f"(full list), {listed.counts.mean():.1f} (half list)")
+    print(f"neighbour build, half list (CPU path)   {half_build:7.2f} ms")
+    print(f"neighbour build, full list (GPU layout) {build:7.2f} ms")
+    for (name, energy), value in timed.items():
+        print(f"forces{' + energy' if energy else '         '}, {name} list            {value:7.2f} ms")
 
 
 if __name__ == "__main__":

@@ -10,11 +10,12 @@
 #      `scontrol requeue $SLURM_JOB_ID` itself; `sbatch --wait` returns only after the second run.
 #   5. sbatch --test-only of a --gpus-per-task=1 script is rejected on a GPU-less node.
 # Usage: bash .ci/slurm/selftest.sh      (as root; exit status 0 = all checks passed)
-# Knobs: SLURM_CI_PYTHON (default /work/venv/bin/python; mpi4py over the `mpich` wheel),
+# Knobs: SLURM_CI_PYTHON (default: the `python3` on PATH, i.e. the activated environment with
+#        mpi4py over the `mpich` wheel),
 #        SLURM_CI_MPIEXEC (default: mpiexec next to that python).
 set -uo pipefail
 
-PYTHON="${SLURM_CI_PYTHON:-/work/venv/bin/python}"
+PYTHON="${SLURM_CI_PYTHON:-$(command -v python3)}"
 MPIEXEC="${SLURM_CI_MPIEXEC:-$(dirname "$PYTHON")/mpiexec}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 WORK="$(mktemp -d /tmp/slurm-selftest.XXXXXX)"

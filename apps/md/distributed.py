@@ -184,8 +184,10 @@ def _advance(state, config, compute_energy, timers, mode):
     else:
         with timers.phase("communication"):
             state.ghosts.forward(state.positions)
-    with timers.phase("compute"):
+    # The CPU times the pair forces apart (LAMMPS's "Pair"); the GPU keeps them in "compute".
+    with timers.phase("compute" if state.is_gpu else "forces"):
         _forces(state, compute_energy)
+    with timers.phase("compute"):
         if config.thermostat == "langevin":
             langevin_forces(state.forces, state.velocities, state.masses, state.atom_ids, config.temperature,
                             config.damping, dt, config.seed, state.step)

@@ -24,6 +24,7 @@ import numpy as np
 from hpcgpu.errors import ConfigurationError
 
 from ._arrays import THREADS_PER_BLOCK, _is_cupy, array_module, blocks_for, check_array, raw_kernel
+from .half_list import HalfNeighborList, half_forces
 from .neighbors import NeighborList
 from .potential import LennardJones
 
@@ -65,6 +66,12 @@ def compute_forces(positions, types, neighbor_list: NeighborList, pair_table, fo
         per_atom = _forces_gpu(positions, types, neighbor_list, pair_table, forces, compute_energy)
         # A fixed-order tree reduction (CuPy's sum), not atomics: the same bits on every run.
         return per_atom.sum(axis=1) if compute_energy else None
+    if isinstance(neighbor_list, HalfNeighborList):
+        if not compute_energy:
+            half_forces(positions, types, neighbor_list, pair_table, forces, None, None)
+            return None
+        energy_per_atom, virial_per_atom = compute_forces_per_atom(positions, types, neighbor_list, pair_table, forces)
+        return np.array([energy_per_atom.sum(), virial_per_atom.sum()])
     energy_per_atom, virial_per_atom = _per_atom_cpu(positions, types, neighbor_list, pair_table, forces)
     if not compute_energy:
         return None
@@ -90,6 +97,11 @@ def compute_forces_per_atom(positions, types, neighbor_list: NeighborList, pair_
     if _is_cupy(positions):
         per_atom = _forces_gpu(positions, types, neighbor_list, pair_table, forces, True)
         return per_atom[0], per_atom[1]
+    if isinstance(neighbor_list, HalfNeighborList):
+        energy_per_atom = np.empty(n_local, dtype=np.float64)
+        virial_per_atom = np.empty(n_local, dtype=np.float64)
+        half_forces(positions, types, neighbor_list, pair_table, forces, energy_per_atom, virial_per_atom)
+        return energy_per_atom, virial_per_atom
     return _per_atom_cpu(positions, types, neighbor_list, pair_table, forces)
 
 

@@ -38,6 +38,12 @@ from .rng import CUDA_SOURCE as _RNG_CUDA_SOURCE
 from .rng import gaussian3
 
 
+#: Atoms from which the CPU's O(n) update kernels (the two Verlet halves, the displacement check) run on
+#: Numba's threads. Below it they run on one: at a few microseconds of work per ten thousand atoms, a
+#: parallel region's start and barrier cost more than they save, and far more when the cores are shared.
+#: Element by element, the results are the same bits either way.
+PARALLEL_FROM = 1_000_000
+
 def velocity_verlet_first_half(positions, velocities, forces, masses, dt: float) -> None:
     """Half kick and drift of the owned atoms, in place: ``v += dt/2 f/m; x += dt v``.
 
@@ -55,7 +61,8 @@ def velocity_verlet_first_half(positions, velocities, forces, masses, dt: float)
         _launch("md_first_half", positions.dtype, n_local,
                 positions, velocities, forces, masses, np.int32(n_local), positions.dtype.type(dt))
     else:
-        _first_half_cpu(positions, velocities, forces, masses, positions.dtype.type(dt))
+        kernel = _first_half_cpu if n_local >= PARALLEL_FROM else _first_half_serial
+        kernel(positions, velocities, forces, masses, positions.dtype.type(dt))
 
 
 def velocity_verlet_second_half(velocities, forces, masses, dt: float) -> None:
@@ -65,7 +72,8 @@ def velocity_verlet_second_half(velocities, forces, masses, dt: float) -> None:
         _launch("md_second_half", velocities.dtype, n_local,
                 velocities, forces, masses, np.int32(n_local), velocities.dtype.type(dt), np.uint64(0))
     else:
-        _second_half_cpu(velocities, forces, masses, velocities.dtype.type(dt))
+        kernel = _second_half_cpu if n_local >= PARALLEL_FROM else _second_half_serial
+        kernel(velocities, forces, masses, velocities.dtype.type(dt))
 
 
 def langevin_forces(forces, velocities, masses, atom_ids, temperature: float, damping: float, dt: float,
@@ -166,6 +174,23 @@ def _first_half_cpu(positions, velocities, forces, masses, dt):
 @numba.njit(parallel=True, cache=True)
 def _second_half_cpu(velocities, forces, masses, dt):
     for i in numba.prange(velocities.shape[0]):
+        half_dt_over_m = 0.5 * dt / masses[i]
+        for axis in range(3):
+            velocities[i, axis] += half_dt_over_m * forces[i, axis]
+
+
+@numba.njit(cache=True)
+def _first_half_serial(positions, velocities, forces, masses, dt):
+    for i in range(velocities.shape[0]):
+        half_dt_over_m = 0.5 * dt / masses[i]
+        for axis in range(3):
+            velocities[i, axis] += half_dt_over_m * forces[i, axis]
+            positions[i, axis] += dt * velocities[i, axis]
+
+
+@numba.njit(cache=True)
+def _second_half_serial(velocities, forces, masses, dt):
+    for i in range(velocities.shape[0]):
         half_dt_over_m = 0.5 * dt / masses[i]
         for axis in range(3):
             velocities[i, axis] += half_dt_over_m * forces[i, axis]

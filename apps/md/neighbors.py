@@ -27,6 +27,8 @@ from hpcgpu.errors import ConfigurationError
 
 from ._arrays import THREADS_PER_BLOCK, _is_cupy, array_module, blocks_for, check_array, raw_kernel
 from .cells import CellGrid, CellList, bin_atoms
+from .integrate import PARALLEL_FROM
+from .half_list import HalfNeighborList, build_half_neighbor_list, half_capacity_estimate
 
 #: Capacity growth after an overflow: new capacity = ceil(needed * GROWTH) + 8.
 GROWTH = 1.25
@@ -70,14 +72,24 @@ def estimate_capacity(n_atoms: int, grid: CellGrid, cutoff: float) -> int:
 def rebuild_neighbor_list(state, n_local: int, grid: CellGrid, potential, skin: float) -> None:
     """Bin ``state.positions`` on ``grid`` and rebuild ``state.neighbor_list`` for its first ``n_local`` atoms.
 
-    The new list keeps the capacity the previous one grew to (no reallocation round again); counts the
-    build and its reallocations in ``state.n_builds`` / ``state.n_reallocations``. Shared by the serial
-    and the distributed driver.
+    On a GPU the list is full (:class:`NeighborList`); on the CPU it is a half list with Newton's third
+    law (:class:`apps.md.half_list.HalfNeighborList`, each pair computed once). The new list keeps the
+    capacity the previous one grew to (no reallocation round again); counts the build and its
+    reallocations in ``state.n_builds`` / ``state.n_reallocations``. Shared by the serial and the
+    distributed driver.
     """
     cell_list = bin_atoms(state.positions, grid)
     previous = state.neighbor_list
-    state.neighbor_list = build_neighbor_list(state.positions, n_local, cell_list, grid, potential.max_cutoff, skin,
-                                              capacity=None if previous is None else previous.capacity)
+    if _is_cupy(state.positions):
+        state.neighbor_list = build_neighbor_list(state.positions, n_local, cell_list, grid, potential.max_cutoff,
+                                                  skin, capacity=None if previous is None else previous.capacity)
+    else:   # the CPU computes each pair once (Newton's third law): apps.md.half_list
+        cutoff = float(potential.max_cutoff) + float(skin)
+        _check_cells(grid, cutoff)
+        capacity = (previous.capacity if isinstance(previous, HalfNeighborList)
+                    else half_capacity_estimate(state.positions.shape[0], grid, cutoff))
+        state.neighbor_list = build_half_neighbor_list(state.positions, n_local, cell_list, grid, cutoff,
+                                                       float(skin), capacity, GROWTH)
     state.n_builds += 1
     state.n_reallocations += state.neighbor_list.n_reallocations
 
@@ -100,11 +112,7 @@ def build_neighbor_list(positions, n_local: int, cell_list: CellList, grid: Cell
     if not 0 <= n_local <= positions.shape[0]:
         raise ConfigurationError(f"n_local: expected 0 <= n_local <= {positions.shape[0]}, found {n_local}")
     cutoff = float(pair_cutoff) + float(skin)
-    if np.any(grid.cell_size < cutoff * (1 - 1e-12)):
-        raise ConfigurationError(
-            f"cell grid: expected cells at least {cutoff} wide (cutoff + skin), found {grid.cell_size}; "
-            "build the grid with make_cell_grid(..., min_cell_size=cutoff + skin)"
-        )
+    _check_cells(grid, cutoff)
     xp = array_module(positions)
     capacity = estimate_capacity(positions.shape[0], grid, cutoff) if capacity is None else max(1, int(capacity))
     counts = xp.zeros(n_local, dtype=xp.int32)
@@ -118,6 +126,14 @@ def build_neighbor_list(positions, n_local: int, cell_list: CellList, grid: Cell
         n_reallocations += 1
     return NeighborList(neighbors=neighbors, counts=counts, cutoff=cutoff, skin=float(skin),
                         reference_positions=positions[:n_local].copy(), n_reallocations=n_reallocations)
+
+
+def _check_cells(grid: CellGrid, cutoff: float) -> None:
+    if np.any(grid.cell_size < cutoff * (1 - 1e-12)):
+        raise ConfigurationError(
+            f"cell grid: expected cells at least {cutoff} wide (cutoff + skin), found {grid.cell_size}; "
+            "build the grid with make_cell_grid(..., min_cell_size=cutoff + skin)"
+        )
 
 
 def needs_rebuild(positions, neighbor_list: NeighborList) -> bool:
@@ -140,7 +156,8 @@ def needs_rebuild(positions, neighbor_list: NeighborList) -> bool:
         kernel((blocks_for(n_local),), (THREADS_PER_BLOCK,),
                (positions, reference, np.int32(n_local), np.float64(threshold_sq), flag))
         return bool(int(flag.get()[0]))
-    return bool(_displacement_exceeds_cpu(positions, reference, n_local, threshold_sq) > 0)
+    kernel = _displacement_exceeds_cpu if n_local >= PARALLEL_FROM else _displacement_exceeds_serial
+    return bool(kernel(positions, reference, n_local, threshold_sq) > 0)
 
 
 def _build_once(positions, n_local, cell_list, grid, cutoff, neighbors, counts) -> int:
@@ -221,6 +238,17 @@ def _build_cpu(positions, n_local, cell_start, cell_atoms, shape, cutoff_sq, nei
             for m in range(min(count, capacity)):  # past capacity: keep counting, write nothing
                 neighbors[m, i] = found[m]
             counts[i] = count
+
+
+@numba.njit(cache=True)
+def _displacement_exceeds_serial(positions, reference, n_local, threshold_sq):
+    for i in range(n_local):
+        dx = positions[i, 0] - reference[i, 0]
+        dy = positions[i, 1] - reference[i, 1]
+        dz = positions[i, 2] - reference[i, 2]
+        if dx * dx + dy * dy + dz * dz > threshold_sq:
+            return 1
+    return 0
 
 
 @numba.njit(parallel=True, cache=True)
