@@ -13,7 +13,7 @@ file may hold records an uninterrupted run would not have at this point::
 so that the finished file equals the uninterrupted run's, record for record. ``trigger`` is asked as
 ``trigger(R, final_step)`` with the final step of the *continuing* run: a record that an earlier job
 wrote at its own last step (``AtEnd``) is dropped when the continuing run ends later. Every writer of
-appendable output (:class:`hpcgpu.simulation.NetCDFOutput`, the shallow-water snapshot files of
+appendable output (:class:`hpcgpu.simulation.netcdf_output.NetCDFOutput`, the shallow-water snapshot files of
 :mod:`apps.stencil.snapshots`) cuts its file at :func:`records_kept`.
 """
 
