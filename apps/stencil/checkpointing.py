@@ -36,6 +36,8 @@ class StencilModel(Model):
     #: ``units`` attributes of the checkpoint's replicated values: ``time`` counts iterations here
     #: ("1", dimensionless); models with a physical clock override it (shallow water: seconds).
     replicated_units = {"step": "1", "time": "1"}
+    #: The step this job started from: 0, or the checkpoint's step after a restart (set by :meth:`restore`).
+    first_step = 0
 
     def checkpoint_state(self) -> dict:
         """``{"fields": {name: Field}, "replicated": {...}, "units": {...}}`` for the checkpoint manager."""
@@ -62,7 +64,7 @@ class StencilModel(Model):
                 f"the checkpoint holds {found} but this run is {expected}; restart with the same --model, "
                 "grid size and --precision (any number of ranks works)"
             )
-        self.step_index = int(step)
+        self.step_index = self.first_step = int(step)
         self._restore_extra(replicated)
         self.after_restore()
 

@@ -13,10 +13,16 @@ live here once.
 A snapshot file is never overwritten. A fresh run (the model at step 0) refuses a file that already
 exists; a restarted run appends to the file of the run it continues::
 
-    records at t <= restart step    kept (written by the earlier job, equal to what this run would write)
+    records at t <  restart step    kept (written by the earlier job, equal to what this run would write)
+    record at the restart step      kept if it is a snapshot step of this run (``snapshot_every``, or its
+                                    final step); dropped if the earlier job wrote it only because it
+                                    ended there (``--steps``), as an uninterrupted run does not have it
     records at t >  restart step    dropped: a later part of the earlier job (after the checkpoint it
                                     restarts from) that this run computes again and replaces
     no file yet                     created, holding the records from the restart on
+
+(the rule of every appendable output: :mod:`hpcgpu.simulation.continuation`), so that a chain of jobs
+ends with the file of the uninterrupted run.
 
 A file whose grid or configuration (``configuration`` attribute, the rank count aside) differs from
 this run's is refused as well. Each refusal is one ConfigurationError, raised on every rank before
@@ -35,6 +41,7 @@ from hpcgpu.errors import ConfigurationError
 from hpcgpu.output.atomic import save_figure
 from hpcgpu.output.errors import output_error
 from hpcgpu.output.netcdf_classic import RecordFile, Schema
+from hpcgpu.simulation.continuation import records_kept
 
 #: Time axis of every snapshot file (CF-1.8): model seconds from a fixed, documented origin.
 TIME_ATTRIBUTES = {"units": "seconds since 2000-01-01 00:00:00", "calendar": "standard",
@@ -57,12 +64,13 @@ class SnapshotFile:
     Parameters
     ----------
     model
-        The model (``comm``, ``time`` and ``dt`` in seconds are read).
+        The model (``comm``, ``time`` and ``dt`` in seconds are read; on a restart also ``first_step``,
+        the checkpoint's step, ``steps``, the final step, and ``snapshot_trigger()``, when it writes).
     path : str or Path
     restarted : bool
         False for a fresh run (the model at step 0): an existing ``path`` is refused. True when the
-        model continues from a checkpoint and already stands after the first step of this job: the
-        records before ``model.time`` are kept, later ones dropped (see the module docstring).
+        model continues (from a checkpoint, or ``--restart`` before any): the records an uninterrupted
+        run holds up to ``model.first_step`` are kept, the others dropped (see the module docstring).
 
     Raises
     ------
@@ -164,11 +172,11 @@ class SnapshotFile:
         return None
 
     def _drop_records_after(self, model) -> None:
-        """Rank 0: keep the records before the first step of this job (time < model.time), drop the rest."""
+        """Rank 0: keep the records an uninterrupted run would hold up to the restart step, drop the rest
+        (:func:`hpcgpu.simulation.continuation.records_kept`, the rule of every appendable output)."""
         times = np.array([self.file.read("time", index) for index in range(self.file.count)], dtype=np.float64)
-        # Record times are step * dt: half a step away from the cut-off, never equal to it.
-        late = times >= model.time - 0.5 * model.dt
-        keep = int(np.argmax(late)) if late.any() else times.size
+        steps = np.rint(times / model.dt).astype(np.int64)   # record times are step * dt
+        keep = records_kept(steps, model.first_step, model.steps, model.snapshot_trigger())
         if keep < times.size:
             self.file.truncate(keep)
 

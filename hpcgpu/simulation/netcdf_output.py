@@ -42,6 +42,7 @@ from hpcgpu.errors import ConfigurationError
 from hpcgpu.output.errors import output_error
 from hpcgpu.output.netcdf_classic import RecordFile, Schema
 from hpcgpu.output.time_axis import TimeAxis, time_axis_of
+from hpcgpu.simulation.continuation import records_kept
 from hpcgpu.simulation.operations import Operation
 from hpcgpu.simulation.triggers import Trigger
 
@@ -222,15 +223,9 @@ class NetCDFOutput(Operation):
         return None
 
     def _drop_records_after(self, simulation) -> None:
-        """Rank 0: keep the records an uninterrupted run would hold up to the restart step."""
-        first, final = simulation.first_step, simulation.final_step
+        """Rank 0: keep the records an uninterrupted run would hold up to the restart step
+        (:func:`hpcgpu.simulation.continuation.records_kept`; from step 0 begin writes the initial record again)."""
         steps = [int(self.file.read("step", index)) for index in range(self.file.count)]
-        keep = len(steps)
-        for index, step in enumerate(steps):
-            # The record of the restart step stays if the trigger wrote it there (not a stop's extra
-            # record); from step 0 the initial record is written again by begin.
-            if step > first or (step == first and (step == 0 or not self.trigger(step, final))):
-                keep = index
-                break
+        keep = records_kept(steps, simulation.first_step, simulation.final_step, self.trigger)
         if keep < len(steps):
             self.file.truncate(keep)

@@ -27,6 +27,7 @@ from apps.stencil.checkpointing import C_GRID_ATTRIBUTES, StencilModel
 from apps.stencil.shallow_water.stage import SSP_RK3_STAGES, shallow_water_stage
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.halo.regions import split_owned
+from hpcgpu.simulation.triggers import AtEnd, Periodic, Trigger
 
 SECONDS_PER_DAY = 86400.0
 
@@ -147,6 +148,12 @@ class ShallowWaterModel(StencilModel):
     def set_final_step(self, final_step: int) -> None:
         """``--steps`` wins over ``--days``: the header describes the steps that will run."""
         self.steps = final_step
+
+    def snapshot_trigger(self) -> Trigger:
+        """When :meth:`after_step` writes a snapshot: every ``snapshot_every`` steps (the initial state
+        included) and at the final step; never with ``snapshot_every`` 0 or unset."""
+        every = self.snapshot_every or 0
+        return Periodic(every) | AtEnd() if every else Periodic(0)
 
     def progress_note(self) -> str:
         return f"day {self.time / SECONDS_PER_DAY:.2f}"

@@ -227,7 +227,7 @@ class LatLonModel(ShallowWaterModel):
             if self.snapshots is None:
                 # Step 0: a fresh run (an existing file is refused); later: the first step after a restart.
                 self.snapshots = Snapshots(self, Path(output) / SNAPSHOT_NAME, restarted=self.step_index != 0 or self.continuing)
-            if self.step_index % every == 0 or self.step_index == total_steps:
+            if self.snapshot_trigger()(self.step_index, total_steps):
                 self.snapshots.write(self)
 
     def height_errors(self) -> dict:

@@ -133,7 +133,7 @@ class SweModel(ShallowWaterModel):
         with timers.phase("io"):
             if self.snapshots is None:
                 self.snapshots = Snapshots(self, output / "swe.nc", restarted=self.step_index != 0 or self.continuing)
-            if self.step_index % every == 0 or self.step_index == total_steps:
+            if self.snapshot_trigger()(self.step_index, total_steps):
                 self.snapshots.write(self)
 
     def finish(self, output, summary, plot: bool = True) -> None:

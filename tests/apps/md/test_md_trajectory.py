@@ -104,6 +104,24 @@ def test_chain_with_restart_latest_holds_all_frames_from_step_0(tmp_path):
         np.testing.assert_allclose(found[name]["time"], found[name]["step"] * DT, rtol=1e-12)
 
 
+@pytest.mark.parametrize("n_ranks", [1, 2])
+def test_a_chain_stopped_between_dumps_continues_to_the_uninterrupted_file(tmp_path, n_ranks):
+    """A job that ends at step 13 (not a dump step) writes no frame there: the chain continued with
+    --restart latest holds the frames of the uninterrupted run, every series bit for bit."""
+    every = ["--dump-every", "5", "--checkpoint-every", "5"]
+    assert run_md(n_ranks, tmp_path / "full", "--steps", "20", *every).returncode == 0
+    run = tmp_path / "run"
+    assert run_md(n_ranks, run, "--steps", "13", *every).returncode == 0
+    assert list(read_series(run / "trajectory.h5md")["particles/all/position"]["step"]) == [0, 5, 10]
+    second = run_md(n_ranks, run, "--steps", "20", "--restart", "latest", *every)
+    assert second.returncode == 0, second.output
+    expected, found = read_series(tmp_path / "full" / "trajectory.h5md"), read_series(run / "trajectory.h5md")
+    for name in SERIES:
+        assert list(found[name]["step"]) == [0, 5, 10, 15, 20], name
+        for key in ("step", "time", "value"):
+            np.testing.assert_array_equal(found[name][key], expected[name][key], err_msg=f"{name}/{key}")
+
+
 def test_a_fresh_run_refuses_to_overwrite_a_trajectory(tmp_path):
     assert run_md(1, tmp_path, "--steps", "10", "--dump-every", "5").returncode == 0
     before = read_series(tmp_path / "trajectory.h5md")

@@ -6,6 +6,8 @@ A restart that truncated the file lost the user's earlier records (issue 24). Th
     interrupted  0 ... 15 steps, checkpoints 10, 15  records 0, 5, 10, 15
     continued    from the checkpoint at 10 to 20     keeps 0, 5, 10; drops 15 (after the restart step);
                  on another rank count               writes 15, 20
+    stopped      0 ... 13 steps (not a snapshot step) records 0, 5, 10 and the final 13
+    continued    --restart latest (step 13) to 20    drops 13 (not a record of the 20-step run); writes 15, 20
 
 and compare the continued file with the full one record by record.
 """
@@ -93,6 +95,36 @@ def test_chain_with_restart_latest_appends_without_duplicates(tmp_path, grid):
     assert second.returncode == 0, second.output
     times = read_records(run / name)["time"]
     np.testing.assert_allclose(times / times[1], [0, 1, 2, 3, 4], rtol=0, atol=1e-9)
+
+
+def read_variables(path):
+    """Every variable of the file, as stored (no masking or scaling)."""
+    netCDF4 = pytest.importorskip("netCDF4")
+    with netCDF4.Dataset(path, "r") as handle:
+        handle.set_auto_maskandscale(False)
+        return {name: np.asarray(variable[:]) for name, variable in handle.variables.items()}
+
+
+@pytest.mark.parametrize("n_ranks", [1, 2])
+@pytest.mark.parametrize("grid", list(GRIDS))
+def test_a_chain_stopped_between_snapshots_continues_to_the_uninterrupted_file(tmp_path, grid, n_ranks):
+    """The first job ends at step 13, not a snapshot step: it writes a final record there, which the
+    uninterrupted run does not have, so the continuing job drops it (records 0, 5, 10, 15, 20)."""
+    name = GRIDS[grid][1]
+    full = run_stencil(n_ranks, grid, tmp_path / "full", "--steps", "20", "--checkpoint-every", "5")
+    assert full.returncode == 0, full.output
+    run = tmp_path / "run"
+    first = run_stencil(n_ranks, grid, run, "--steps", "13", "--checkpoint-every", "5")
+    assert first.returncode == 0, first.output
+    assert read_records(run / name)["time"].shape == (4,)   # 0, 5, 10 and the final 13
+    second = run_stencil(n_ranks, grid, run, "--steps", "20", "--checkpoint-every", "5", "--restart", "latest")
+    assert second.returncode == 0, second.output
+    expected, found = read_variables(tmp_path / "full" / name), read_variables(run / name)
+    assert sorted(found) == sorted(expected)
+    assert found["time"].shape == expected["time"].shape == (5,), found["time"]
+    for variable in expected:
+        np.testing.assert_array_equal(found[variable], expected[variable], err_msg=variable)
+        assert found[variable].dtype == expected[variable].dtype, variable
 
 
 @pytest.mark.parametrize("grid", list(GRIDS))
