@@ -146,9 +146,9 @@ def _set_phase(clocks, phase):
 
 # ------------------------------------------------------------------------------------------ hpcgpu
 def run_hpcgpu(comm, arch, options, precision):
-    from apps.train.distributed import DataParallel, create_nccl_communicator
-    from apps.train.models import large_mlp
-    from apps.train.trainer import LocalSync, TrainConfig, Trainer, init_train_state, train_step
+    from apps.train.parallel.distributed import DataParallel, create_nccl_communicator
+    from apps.train.nn.models import large_mlp
+    from apps.train.training.trainer import LocalSync, TrainConfig, Trainer, init_train_state, train_step
 
     batch = options.batch_per_gpu
     config = TrainConfig(optimizer="adamw", lr=1e-4, weight_decay=0.01, precision=precision,

@@ -113,14 +113,14 @@ def layer_norm_expressions(xp, x, weight, bias, grad_out, grad_weight, grad_bias
 def profile_ours(options, precision):
     import cupy
 
-    from apps.train.gemm import gemm
-    from apps.train.layers import GELU, ForwardContext, LayerNorm, Linear
-    from apps.train.loss import softmax_cross_entropy
-    from apps.train.models import large_mlp
-    from apps.train.optim import grad_sum_of_squares
-    from apps.train.params import init_flat_parameters
-    from apps.train.sequential import Sequential
-    from apps.train.trainer import TrainConfig, Trainer, init_train_state, train_step
+    from apps.train.kernels.gemm import gemm
+    from apps.train.nn.layers import GELU, ForwardContext, LayerNorm, Linear
+    from apps.train.nn.loss import softmax_cross_entropy
+    from apps.train.nn.models import large_mlp
+    from apps.train.training.optim import grad_sum_of_squares
+    from apps.train.nn.params import init_flat_parameters
+    from apps.train.nn.sequential import Sequential
+    from apps.train.training.trainer import TrainConfig, Trainer, init_train_state, train_step
 
     dtype = cupy.float16 if precision == "fp16" else cupy.float32
     batch, width, repeats = options.batch, options.width, options.repeats
@@ -150,7 +150,7 @@ def profile_ours(options, precision):
     rows["  wgrad tmp+add (before)"] = cupy_ms(wgrad_before, repeats)
     rows["layernorm fwd"] = cupy_ms(lambda: norm.forward(x, ctx), repeats)
     rows["layernorm bwd"] = cupy_ms(lambda: norm.backward(grad), repeats)
-    from apps.train.layernorm_kernels import layer_norm_forward
+    from apps.train.kernels.layernorm import layer_norm_forward
     rows["  layernorm fwd +linear bias"] = cupy_ms(lambda: layer_norm_forward(
         x, norm.params["weight"], norm.params["bias"], 1e-5, linear.params["bias"]), repeats)
     w, b = norm.params["weight"], norm.params["bias"]

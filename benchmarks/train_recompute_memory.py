@@ -6,7 +6,7 @@ setting of ``recompute``, one training step's forward and backward run on the CP
 default) or with ``--backend gpu`` on the current GPU (CuPy), and the program reports:
 
 * ``held``: the bytes the model holds for backward after the forward pass
-  (:meth:`apps.train.sequential.Sequential.saved_activation_bytes`: saved activations, or with
+  (:meth:`apps.train.nn.sequential.Sequential.saved_activation_bytes`: saved activations, or with
   recomputation the block inputs);
 * ``peak``: the peak of memory allocated during forward + backward above what was allocated before,
   parameters, gradients and the input excluded. CPU: ``tracemalloc``, which NumPy reports its buffers
@@ -41,12 +41,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from apps.train._backend import to_numpy  # noqa: E402 - after the path
-from apps.train.layers import ForwardContext  # noqa: E402
-from apps.train.models import large_mlp  # noqa: E402
-from apps.train.params import init_flat_parameters  # noqa: E402
-from apps.train.sequential import Sequential  # noqa: E402
-from apps.train.tensor_parallel import MLPSpec, mlp_layers  # noqa: E402
+from apps.train.kernels.backend import to_numpy  # noqa: E402 - after the path
+from apps.train.nn.layers import ForwardContext  # noqa: E402
+from apps.train.nn.models import large_mlp  # noqa: E402
+from apps.train.nn.params import init_flat_parameters  # noqa: E402
+from apps.train.nn.sequential import Sequential  # noqa: E402
+from apps.train.parallel.tensor_parallel import MLPSpec, mlp_layers  # noqa: E402
 
 
 def parse_arguments(argv=None):

@@ -1,25 +1,19 @@
-"""Data-parallel neural-network training (single-process core).
+"""Neural-network training on many GPUs (data, tensor and pipeline parallelism): ``python -m apps.train``.
 
-Modules, one concept each:
+The app in layers, each subpackage importing only from the ones listed before it (and from :mod:`hpcgpu`)::
 
-* :mod:`~apps.train.params` -- flat parameter/gradient buffers, layout, seeded init
-* :mod:`~apps.train.layers`, :mod:`~apps.train.dropout`, :mod:`~apps.train.conv` -- layers with explicit backward
-* :mod:`~apps.train.sequential` -- models, gradient-ready hook, recomputation
-* :mod:`~apps.train.loss` -- softmax cross-entropy over the global batch
-* :mod:`~apps.train.optim` -- SGD, AdamW (shardable), schedule, clipping
-* :mod:`~apps.train.precision` -- fp16 (dynamic loss scaling) and bf16 mixed precision
-* :mod:`~apps.train.models` -- MNIST-1D MLP/CNN, large MLP
-* :mod:`~apps.train.data` -- MNIST-1D generation, HDF5, global shuffle, sharding
-* :mod:`~apps.train.trainer` -- init/step functions and a one-process loop
-* :mod:`~apps.train.distributed` -- data parallelism: bucketed allreduce during backward
-* :mod:`~apps.train.zero` -- ZeRO-1: sharded optimiser state
-* :mod:`~apps.train.parallel_training` -- the residual MLP on a data x tensor x pipeline grid
-  (:mod:`~apps.train.tensor_parallel`, :mod:`~apps.train.pipeline`), in every precision
-* :mod:`~apps.train.loader` -- per-rank shards of global batches, prefetched
-* :mod:`~apps.train.checkpointing` -- training state through hpcgpu.checkpoint
-* :mod:`~apps.train.app` -- ``python -m apps.train`` (the app contract), :mod:`~apps.train.report` plots
+    kernels, data  <-  nn  <-  training  <-  parallel  <-  run  <-  app
 
-Kernels (GPU via CuPy, CPU via Numba): :mod:`~apps.train.im2col`,
-:mod:`~apps.train.random_mask`, :mod:`~apps.train.optim_kernels`.
-Importing the package does no work (no data generation, no GPU access).
+* :mod:`apps.train.kernels` -- CuPy and Numba kernels behind validating wrappers, the array helpers
+* :mod:`apps.train.data` -- MNIST-1D and HDF5 data, rank-independent global batches, per-rank shards, prefetch
+* :mod:`apps.train.nn` -- layers with explicit backward over flat buffers, the models, the loss
+* :mod:`apps.train.training` -- one rank's step: precision, optimiser, init/step/evaluate, checkpoint payload
+* :mod:`apps.train.parallel` -- data parallelism (bucketed allreduce, ZeRO-1), tensor and pipeline parallelism
+  on a data x tensor x pipeline grid, sharded checkpoints, communication volume
+* :mod:`apps.train.run` -- the training run as a :class:`hpcgpu.simulation.Simulation` model, the loss plot
+* :mod:`apps.train.app` -- the command line (the app contract) and the assembly of a run;
+  :mod:`apps.train.scaling_recipe` -- the ``hpcgpu.bench`` scaling recipe (entry point ``train``)
+
+``tests/imports/test_import_graph.py`` checks the order. Importing the package does no work (no data
+generation, no GPU access).
 """

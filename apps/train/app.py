@@ -3,11 +3,11 @@
 This module is the app's configuration: the command line, each model's recipe of defaults
 (:func:`resolve_options`), the data (rank 0 generates MNIST-1D once) and the network, optimiser and
 gradient synchroniser (DDP buckets or ZeRO-1). The run loop is :class:`hpcgpu.simulation.Simulation`'s;
-:mod:`apps.train.simulation_model` adapts training to it (a step: next batch shard, prefetched ->
+:mod:`apps.train.run.simulation_model` adapts training to it (a step: next batch shard, prefetched ->
 forward, backward with bucket allreduces, optimiser; evaluation every ``--eval-every`` steps; final
 evaluation, replica check and the checksum of the weights). ``--model residual-mlp`` trains on a
 D x T x P grid instead (``--tensor-parallel``, ``--pipeline-parallel``, ``--micro-batches``:
-:mod:`apps.train.parallel_training`), run by :class:`apps.train.parallel_model.ParallelTrainingModel`;
+:mod:`apps.train.parallel.trainer`), run by :class:`apps.train.run.parallel_model.ParallelTrainingModel`;
 :func:`check_split_model` refuses what that path cannot do yet (docs/parallelism.md).
 """
 
@@ -26,18 +26,18 @@ from hpcgpu.simulation import AtEnd, Periodic, Simulation, nccl_channel_limit, s
 from hpcgpu.simulation.operations import rate_note
 from hpcgpu.simulation.triggers import Always
 
-from .data import data_file_problem
-from .distributed import check_allreduce, make_sync
-from .loader import open_training_data
-from .models import large_mlp, mnist1d_cnn, mnist1d_mlp
-from .parallel_grid import make_grid
-from .parallel_model import ParallelTrainingModel
-from .parallel_training import ParallelTrainer
-from .precision import PRECISIONS
-from .simulation_model import Evaluation, TrainingModel
-from .training_run import launch_bound_note  # noqa: F401 - re-exported (tests import it from here)
-from .tensor_parallel import MLPSpec
-from .trainer import TrainConfig, Trainer, init_train_state
+from apps.train.data.dataset import data_file_problem
+from apps.train.parallel.distributed import check_allreduce, make_sync
+from apps.train.data.loader import open_training_data
+from apps.train.nn.models import large_mlp, mnist1d_cnn, mnist1d_mlp
+from apps.train.parallel.grid import make_grid
+from apps.train.run.parallel_model import ParallelTrainingModel
+from apps.train.parallel.trainer import ParallelTrainer
+from apps.train.training.precision import PRECISIONS
+from apps.train.run.simulation_model import Evaluation, TrainingModel
+from apps.train.run.training_run import launch_bound_note  # noqa: F401 - re-exported (tests import it from here)
+from apps.train.parallel.tensor_parallel import MLPSpec
+from apps.train.training.trainer import TrainConfig, Trainer, init_train_state
 
 MODELS = ("mlp", "cnn", "large-mlp", "residual-mlp")
 
@@ -226,7 +226,7 @@ def check_bf16(options, is_gpu) -> None:
 
 
 def uses_split_model(options) -> bool:
-    """True when the run goes through the D x T x P trainer (:mod:`apps.train.parallel_model`)."""
+    """True when the run goes through the D x T x P trainer (:mod:`apps.train.run.parallel_model`)."""
     return options.model == "residual-mlp"
 
 
@@ -349,7 +349,7 @@ def build_model(options, sample_shape, n_classes):
 
 
 def mlp_spec(options, sample_shape, n_classes) -> MLPSpec:
-    """The :class:`~apps.train.tensor_parallel.MLPSpec` of ``--model residual-mlp``."""
+    """The :class:`~apps.train.parallel.tensor_parallel.MLPSpec` of ``--model residual-mlp``."""
     if len(sample_shape) != 1:
         raise ConfigurationError(f"the models expect samples of shape (features,), the data has "
                                  f"{sample_shape}; flatten x to (n, features)")
@@ -368,7 +368,7 @@ def build_split_model(options, comm, arch, data) -> ParallelTrainingModel:
 
 
 def train_config(options):
-    """The :class:`~apps.train.trainer.TrainConfig` of the resolved options."""
+    """The :class:`~apps.train.training.trainer.TrainConfig` of the resolved options."""
     return TrainConfig(
         optimizer=options.optimizer, lr=options.lr, weight_decay=options.weight_decay,
         momentum=options.momentum, warmup_steps=options.warmup,
@@ -399,7 +399,7 @@ def run(options, comm) -> dict:
         if uses_split_model(config):
             model = build_split_model(config, comm, arch, data)
             # The grid is left out: a checkpoint holds the unsplit model and restarts on any D x T x P
-            # (apps/train/sharded_checkpoint.py); --hidden and the rest of the model stay in.
+            # (apps/train/parallel/sharded_checkpoint.py); --hidden and the rest of the model stay in.
             fingerprint = fingerprinted_options({key: value for key, value in config.as_dict().items()
                                                  if key not in GRID_OPTIONS})
         else:

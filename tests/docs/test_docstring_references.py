@@ -1,5 +1,5 @@
 """Docstrings name things that exist: every Sphinx-style cross-reference to a dotted hpcgpu or apps
-name (``:func:`apps.train.parallel_grid.prepare_device_communication```, ``:mod:`...```, ``:class:``,
+name (``:func:`apps.train.parallel.grid.prepare_device_communication```, ``:mod:`...```, ``:class:``,
 ``:meth:``, ``:attr:``, ``:data:``) resolves to a module or one of its attributes."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The pages name code that exists: in the inline code of every page of docs/, a repository path
-(``apps/train/zero.py``, ``tests/apps/train/test_bf16.py::test_bf16_restart_is_bitwise``) is a file
+(``apps/train/parallel/zero.py``, ``tests/apps/train/test_bf16.py::test_bf16_restart_is_bitwise``) is a file
 of the checkout (and the test a function in it), and a dotted hpcgpu or apps name
-(``apps.train.parallel_grid.make_grid``, ``hpcgpu.checkpoint.CheckpointManager``) resolves to a module
+(``apps.train.parallel.grid.make_grid``, ``hpcgpu.checkpoint.CheckpointManager``) resolves to a module
 or one of its attributes.
 
 Left out: a path written after a colon (``git show REV:benchmarks/...``, a file of an old tree), a
@@ -49,8 +49,8 @@ def test_pages_name_files_and_objects_that_exist():
 
 def test_a_missing_path_or_name_is_reported(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("`apps/train/zero.py` `apps/train/no_such.py` `tests/apps/train/test_bf16.py::no_such_test` "
-                    "`apps.train.zero.ZeroRedundancy` `apps.train.zero.NoSuchName` `apps.NAME` "
+    page.write_text("`apps/train/parallel/zero.py` `apps/train/no_such.py` `tests/apps/train/test_bf16.py::no_such_test` "
+                    "`apps.train.parallel.zero.ZeroRedundancy` `apps.train.parallel.zero.NoSuchName` `apps.NAME` "
                     "`git show abc:benchmarks/gone.py` `tests/apps/train/test_gone_*.py`")
-    assert sorted(broken_references(page)) == ["apps.train.zero.NoSuchName", "apps/train/no_such.py",
+    assert sorted(broken_references(page)) == ["apps.train.parallel.zero.NoSuchName", "apps/train/no_such.py",
                                                "tests/apps/train/test_bf16.py::no_such_test"]

@@ -20,6 +20,9 @@ public names counts as an import of the module that defines ``NAME``, and a modu
 dynamically (``importlib``, ``__import__``) imports every module its string constants name. Nothing in
 ``hpcgpu`` imports ``apps``, statically or dynamically: an app plugs in through the entry points it
 declares (``pyproject.toml``).
+
+An app split into folders has layers of its own (:data:`APP_LAYERS`; ``apps.train``: kernels and data <- nn <-
+training <- parallel <- run <- app), checked by the same rules.
 """
 
 from __future__ import annotations
@@ -29,12 +32,14 @@ import functools
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("hpcgpu", "apps")
 
 #: Cycles allowed for now, each a set of modules (a cycle found must lie within one of them), with the
 #: reason as a comment. Empty since issue 23: the last ones (hpcgpu.particles <-> particles.ghosts,
-#: apps.md.resident <-> resident_slab, apps.train.distributed <-> peer_reduce <-> zero,
+#: apps.md.resident <-> resident_slab, apps.train.parallel.distributed <-> peer_reduce <-> zero,
 #: apps.stencil.sphere.polar_filter <-> polar_filter_gpu, hpcgpu.app.environment <-> summary) are gone.
 KNOWN_CYCLES: list[set[str]] = []
 
@@ -375,3 +380,87 @@ def test_hpcgpu_never_imports_apps():
     assert not found, (f"hpcgpu imports apps: {found}. Expected none: the framework must work without the "
                        "bundled apps; let the app register what hpcgpu needs through an entry point "
                        "(pyproject.toml [project.entry-points]) or pass it in")
+
+
+# ------------------------------------------------------------------ layers inside an app
+#: The folders of each app that has them, lowest first, in the same form as :data:`LAYERS`: each names what
+#: lies directly in ``apps/NAME/`` (a subpackage, or a module without its ``.py``). The rules are those of
+#: hpcgpu's layers: import from your own layer and the ones below, no cycle between parts. Each folder's
+#: ``__init__`` docstring says the same in words, and ``docs/architecture.md`` draws it.
+APP_LAYERS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
+    "train": [
+        ("kernels and data", ("kernels", "data")),      # CuPy/Numba kernels, array helpers; MNIST-1D, shards
+        ("network", ("nn",)),                           # layers, models, loss over flat buffers
+        ("one rank's step", ("training",)),             # precision, optimiser, train_step, checkpoint payload
+        ("parallelism", ("parallel",)),                 # data, tensor, pipeline parallelism, sharded state
+        ("the run", ("run",)),                          # the Simulation models, the plot
+        ("the app", ("app", "__main__", "scaling_recipe")),
+    ],
+}
+
+
+def app_part_of(app: str):
+    """``module -> part`` of ``apps.APP`` (``apps.train.nn.layers`` -> ``nn``); None for the app's own
+    ``__init__`` and for anything outside the app."""
+    prefix = ["apps", app]
+
+    def part(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if parts[:2] == prefix and len(parts) > 2 else None
+    return part
+
+
+def app_part_edges(app: str, graph) -> dict[tuple[str, str], list[str]]:
+    """:func:`part_edges` between the parts of ``apps.APP``."""
+    part = app_part_of(app)
+    edges: dict[tuple[str, str], list[str]] = {}
+    for module, targets in graph.items():
+        for target in targets:
+            source_part, target_part = part(module), part(target)
+            if source_part and target_part and source_part != target_part:
+                edges.setdefault((source_part, target_part), []).append(f"{module} -> {target}")
+    return {edge: sorted(lines) for edge, lines in edges.items()}
+
+
+def test_an_upward_import_between_app_folders_is_found():
+    graph = {"apps.toy.low.a": {"apps.toy.high.b", "hpcgpu.x"}, "apps.toy.high.b": {"apps.toy.low"},
+             "apps.toy": set(), "apps.toy.app": {"apps.toy.high.b"}}
+    edges = app_part_edges("toy", graph)
+    assert edges == {("low", "high"): ["apps.toy.low.a -> apps.toy.high.b"],
+                     ("high", "low"): ["apps.toy.high.b -> apps.toy.low"],
+                     ("app", "high"): ["apps.toy.app -> apps.toy.high.b"]}
+    assert upward(edges, {"low": 0, "high": 1, "app": 2}) == {("low", "high"): ["apps.toy.low.a -> apps.toy.high.b"]}
+
+
+@pytest.mark.parametrize("app", sorted(APP_LAYERS))
+def test_every_folder_of_an_app_has_one_layer_and_says_what_it_may_import(app):
+    root = ROOT / "apps" / app
+    parts = {path.stem for path in root.glob("*.py") if path.name != "__init__.py"}
+    packages = {path.name for path in root.iterdir() if (path / "__init__.py").is_file()}
+    listed = [part for _name, layer_parts in APP_LAYERS[app] for part in layer_parts]
+    assert len(listed) == len(set(listed)), f"a part of apps.{app} listed in two layers: {sorted(listed)}"
+    assert set(listed) == parts | packages, (
+        f"apps.{app}: {sorted((parts | packages) - set(listed))} in no layer, {sorted(set(listed) - parts - packages)} "
+        f"listed but gone. Expected APP_LAYERS[{app!r}] in tests/imports/test_import_graph.py to name every "
+        "subpackage and top-level module once (the lowest layer above everything it imports)")
+    undocumented = sorted(name for name in packages if ast.get_docstring(ast.parse((root / name / "__init__.py")
+                                                                                   .read_text())) is None)
+    assert not undocumented, (f"apps/{app}/{undocumented}/__init__.py: no docstring. Expected one saying what lives "
+                              "there and which folders it may import")
+
+
+@pytest.mark.parametrize("app", sorted(APP_LAYERS))
+def test_no_folder_of_an_app_imports_from_a_layer_above_or_in_a_cycle(app):
+    layers = {part: index for index, (_name, parts) in enumerate(APP_LAYERS[app]) for part in parts}
+    edges = app_part_edges(app, full_import_graph())
+    found = upward(edges, layers)
+    assert not found, f"apps.{app}: imports from a layer above:\n" + "\n".join(
+        f"  {a} (layer {APP_LAYERS[app][layers[a]][0]!r}) -> {b} (layer {APP_LAYERS[app][layers[b]][0]!r}): "
+        f"{'; '.join(lines)}" for (a, b), lines in sorted(found.items())) + (
+        f"\nExpected each folder of apps/{app} to import only from its own layer and the ones below (APP_LAYERS "
+        "in tests/imports/test_import_graph.py): move what the lower folder needs down, or pass it in.")
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+        graph.setdefault(b, set())
+    assert not cycles(graph), f"apps.{app}: folders that depend on each other: {cycles(graph)}"

@@ -1,13 +1,13 @@
 """Shared set-up of the training tests: a small learnable problem and training runs (data-parallel, and
-the steps of a D x T x P :class:`~apps.train.parallel_training.ParallelTrainer`)."""
+the steps of a D x T x P :class:`~apps.train.parallel.trainer.ParallelTrainer`)."""
 
 import numpy as np
 
-from apps.train._backend import to_numpy
-from apps.train.distributed import make_sync
-from apps.train.loader import ArraySource, ShardedLoader
-from apps.train.models import large_mlp
-from apps.train.trainer import LocalSync, TrainConfig, Trainer, init_train_state, train_step
+from apps.train.kernels.backend import to_numpy
+from apps.train.parallel.distributed import make_sync
+from apps.train.data.loader import ArraySource, ShardedLoader
+from apps.train.nn.models import large_mlp
+from apps.train.training.trainer import LocalSync, TrainConfig, Trainer, init_train_state, train_step
 
 N_FEATURES, N_CLASSES, N_SAMPLES = 12, 4, 240
 
@@ -55,9 +55,9 @@ def train_curve(comm, n_steps, global_batch, accum_steps=1, zero=0, precision="f
 
 
 def train_steps(runner, loader, n_steps):
-    """Run ``n_steps`` of ``runner`` (a :class:`~apps.train.parallel_training.ParallelTrainer`) on
+    """Run ``n_steps`` of ``runner`` (a :class:`~apps.train.parallel.trainer.ParallelTrainer`) on
     ``loader``'s batches; the app runs the same steps through the simulation driver
-    (:class:`apps.train.parallel_model.ParallelTrainingModel`).
+    (:class:`apps.train.run.parallel_model.ParallelTrainingModel`).
 
     Returns
     -------

@@ -12,9 +12,9 @@ import time
 import numpy as np
 
 from apps.train.app import build_parser, recipe_defaults, train_config
-from apps.train.data import generate_mnist1d, global_batches
-from apps.train.models import mnist1d_cnn, mnist1d_mlp
-from apps.train.trainer import Trainer, evaluate, init_train_state, train_step
+from apps.train.data.dataset import generate_mnist1d, global_batches
+from apps.train.nn.models import mnist1d_cnn, mnist1d_mlp
+from apps.train.training.trainer import Trainer, evaluate, init_train_state, train_step
 from hpcgpu.app.cli import FrozenOptions, parse_args
 
 MODELS = {"mlp": mnist1d_mlp, "cnn": mnist1d_cnn}
@@ -29,7 +29,7 @@ def recipe(name, seed):
 
 
 def train_and_evaluate(trainer, state, dataset, n_steps):
-    """Train one process for ``n_steps`` on a :class:`apps.train.data.Dataset`; the final test accuracy.
+    """Train one process for ``n_steps`` on a :class:`apps.train.data.dataset.Dataset`; the final test accuracy.
 
     The batches of the app on one rank: a global shuffle per epoch from ``(seed, epoch)``, the
     incomplete last batch dropped, epochs rolling over.

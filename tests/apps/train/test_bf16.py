@@ -14,9 +14,9 @@ import pytest
 
 from distributed_cases import relative_difference, train_curve
 
-from apps.train.distributed import replicas_identical
-from apps.train.gemm import gemm
-from apps.train.precision import (BFloat16Precision, bfloat16_bits, bfloat16_bits_to_float32,
+from apps.train.parallel.distributed import replicas_identical
+from apps.train.kernels.gemm import gemm
+from apps.train.training.precision import (BFloat16Precision, bfloat16_bits, bfloat16_bits_to_float32,
                                   make_precision)
 from hpcgpu.launch import run_mpi
 
@@ -120,8 +120,8 @@ def test_bf16_training_learns_and_tracks_fp32():
 
 
 def test_bf16_cnn_trains():
-    from apps.train.models import mnist1d_cnn
-    from apps.train.trainer import TrainConfig, Trainer, init_train_state, train_step
+    from apps.train.nn.models import mnist1d_cnn
+    from apps.train.training.trainer import TrainConfig, Trainer, init_train_state, train_step
 
     rng = np.random.default_rng(3)
     x = rng.standard_normal((32, 40)).astype(np.float32)

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from distributed_cases import gpu_arch_or_skip, relative_difference, train_curve
 
-from apps.train._backend import to_float32
-from apps.train.buffer_kernels import round_to_bfloat16, scaled_copy, sum_of_squares
-from apps.train.gelu_kernels import gelu_backward, gelu_forward
-from apps.train.gemm import gemm
-from apps.train.layernorm_kernels import layer_norm_backward, layer_norm_forward
-from apps.train.loss import count_correct, softmax_cross_entropy
-from apps.train.precision import bfloat16_bits
+from apps.train.kernels.backend import to_float32
+from apps.train.kernels.buffers import round_to_bfloat16, scaled_copy, sum_of_squares
+from apps.train.kernels.gelu import gelu_backward, gelu_forward
+from apps.train.kernels.gemm import gemm
+from apps.train.kernels.layernorm import layer_norm_backward, layer_norm_forward
+from apps.train.nn.loss import count_correct, softmax_cross_entropy
+from apps.train.training.precision import bfloat16_bits
 
 pytestmark = pytest.mark.gpu
 
@@ -134,8 +134,8 @@ def test_gpu_bf16_training_matches_cpu_bf16(comm):
 
 def test_gpu_bf16_relu_mlp_matches_cpu_bf16(cupy, rng):
     """The MNIST-1D MLP (ReLU, bias added after each product): 20 steps, GPU bf16 vs CPU bf16."""
-    from apps.train.models import mnist1d_mlp
-    from apps.train.trainer import TrainConfig, Trainer, init_train_state, train_step
+    from apps.train.nn.models import mnist1d_mlp
+    from apps.train.training.trainer import TrainConfig, Trainer, init_train_state, train_step
 
     x = rng.standard_normal((64, 40)).astype(np.float32)
     y = rng.integers(0, 10, 64)

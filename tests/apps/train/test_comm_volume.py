@@ -1,7 +1,7 @@
-"""Communication volume of D x T x P training (apps.train.comm_volume) and the pipeline senders.
+"""Communication volume of D x T x P training (apps.train.parallel.comm_volume) and the pipeline senders.
 
 The bytes the code passes to its tensor allreduces and pipeline sends during a step (counted in
-:class:`TensorGroup` and the senders of :mod:`apps.train.pipeline_transport`) equal the Megatron
+:class:`TensorGroup` and the senders of :mod:`apps.train.parallel.pipeline_transport`) equal the Megatron
 formulas on every rank, for T = 2, P = 2 (M = 2 and 4) and D x T = 2 x 2.
 
 NCCL's semantics on the CPU: :class:`SynchronousPointToPoint` completes a send only when the peer
@@ -17,16 +17,16 @@ import pytest
 from distributed_cases import synthetic_data, train_steps
 from test_tensor_parallel import SPEC, fake_grid, train_config
 
-from apps.train.comm_volume import (blocks_in_stage, communication_report, computed_max_volume,
+from apps.train.parallel.comm_volume import (blocks_in_stage, communication_report, computed_max_volume,
                                     computed_volume, format_bytes, ring_allreduce_factor)
-from apps.train.loader import ArraySource, ShardedLoader
-from apps.train.parallel_grid import make_grid
-from apps.train.parallel_training import ParallelTrainer
-from apps.train.params import init_flat_parameters
-from apps.train.pipeline import PipelineEngine
-from apps.train.pipeline_transport import PointToPoint
-from apps.train.sequential import Sequential
-from apps.train.tensor_parallel import mlp_layers
+from apps.train.data.loader import ArraySource, ShardedLoader
+from apps.train.parallel.grid import make_grid
+from apps.train.parallel.trainer import ParallelTrainer
+from apps.train.nn.params import init_flat_parameters
+from apps.train.parallel.pipeline import PipelineEngine
+from apps.train.parallel.pipeline_transport import PointToPoint
+from apps.train.nn.sequential import Sequential
+from apps.train.parallel.tensor_parallel import mlp_layers
 
 
 class SynchronousPointToPoint(PointToPoint):

@@ -1,4 +1,4 @@
-"""Checkpoints of split models (apps.train.sharded_checkpoint): bitwise restarts and resharding.
+"""Checkpoints of split models (apps.train.parallel.sharded_checkpoint): bitwise restarts and resharding.
 
 A run of ``STEPS`` steps saves at step ``SAVE_AT`` and goes on; a fresh runner restores that
 checkpoint and trains the remaining steps. On the grid that wrote it the continuation is BITWISE the
@@ -23,12 +23,12 @@ from distributed_cases import gpu_arch_or_skip, synthetic_data, train_steps
 from test_tensor_parallel import LOSS_TOLERANCE, SPEC, NoCollectives, fake_grid, relative, train_config
 
 import hpcgpu
-from apps.train.loader import ArraySource, ShardedLoader
-from apps.train.parallel_grid import make_grid
-from apps.train.parallel_training import ParallelTrainer, build_parallel_model
-from apps.train.shard_map import shard_pieces, tensor_map
-from apps.train.sharded_checkpoint import ShardedCheckpoint, logical_state
-from apps.train.tensor_parallel import MLPSpec
+from apps.train.data.loader import ArraySource, ShardedLoader
+from apps.train.parallel.grid import make_grid
+from apps.train.parallel.trainer import ParallelTrainer, build_parallel_model
+from apps.train.parallel.shard_map import shard_pieces, tensor_map
+from apps.train.parallel.sharded_checkpoint import ShardedCheckpoint, logical_state
+from apps.train.parallel.tensor_parallel import MLPSpec
 from hpcgpu.checkpoint import CheckpointManager
 from hpcgpu.errors import ConfigurationError
 

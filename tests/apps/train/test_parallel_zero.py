@@ -2,7 +2,7 @@
 
 Each (tensor, pipeline) position's D data replicas split that rank's optimiser state: gradient
 reduce-scatter over the data group, a step of the owned part, an all-gather of the master
-parameters (:class:`apps.train.zero.ZeroRedundancy` on ``grid.data``). Against the same grid
+parameters (:class:`apps.train.parallel.zero.ZeroRedundancy` on ``grid.data``). Against the same grid
 without ZeRO: with D = 2 the reduce-scatter adds the same two numbers as the allreduce, and the
 update is elementwise, so the only difference is the summation order of the gradient norm (partial
 sums per owned part, then over the data group), which moves the clipping factor by an ulp: the
@@ -23,12 +23,12 @@ from test_parallel_checkpoint import (BATCH, LOADER_SEED, SAVE_AT, STEPS, assert
                                       remove_directory, shared_directory)
 from test_tensor_parallel import LOSS_TOLERANCE, SPEC, NoCollectives, fake_grid, relative, train_config
 
-from apps.train.loader import ArraySource, ShardedLoader
-from apps.train.parallel_grid import make_grid
-from apps.train.parallel_training import ParallelTrainer, build_parallel_model
-from apps.train.shard_map import owned_pieces
-from apps.train.sharded_checkpoint import ShardedCheckpoint, logical_state
-from apps.train.zero import shard_ranges
+from apps.train.data.loader import ArraySource, ShardedLoader
+from apps.train.parallel.grid import make_grid
+from apps.train.parallel.trainer import ParallelTrainer, build_parallel_model
+from apps.train.parallel.shard_map import owned_pieces
+from apps.train.parallel.sharded_checkpoint import ShardedCheckpoint, logical_state
+from apps.train.parallel.zero import shard_ranges
 from hpcgpu.checkpoint import CheckpointManager
 from hpcgpu.errors import ConfigurationError
 

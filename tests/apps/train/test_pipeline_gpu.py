@@ -26,9 +26,9 @@ from distributed_cases import gpu_arch_or_skip, synthetic_data, train_steps
 from test_comm_volume import assert_measured_equals_computed
 from test_tensor_parallel import LOSS_TOLERANCE, SPEC, relative, train_config
 
-from apps.train.loader import ArraySource, ShardedLoader
-from apps.train.parallel_grid import make_grid
-from apps.train.parallel_training import ParallelTrainer
+from apps.train.data.loader import ArraySource, ShardedLoader
+from apps.train.parallel.grid import make_grid
+from apps.train.parallel.trainer import ParallelTrainer
 
 pytestmark = pytest.mark.gpu
 STEPS = 50

@@ -1,4 +1,4 @@
-"""Pipeline parallelism (apps.train.pipeline) and hybrid grids, on the CPU.
+"""Pipeline parallelism (apps.train.parallel.pipeline) and hybrid grids, on the CPU.
 
 Schedules are checked as operation lists and by replaying them with fixed operation times
 (:func:`simulate_schedule`: no deadlock, bubble (P-1)/(M+P-1)). Multi-rank bodies (``mpi`` marker,
@@ -14,14 +14,14 @@ import pytest
 from test_tensor_parallel import (LOSS_TOLERANCE, SPEC, assert_grids_match_one_process, evaluation_agrees,
                                   grid_curve, one_process_curve, relative, train_config)
 
-from apps.train.layers import ForwardContext
-from apps.train.loss import softmax_cross_entropy
-from apps.train.parallel_grid import make_grid
-from apps.train.pipeline import (PipelineEngine, bubble_fraction, gpipe_schedule,
+from apps.train.nn.layers import ForwardContext
+from apps.train.nn.loss import softmax_cross_entropy
+from apps.train.parallel.grid import make_grid
+from apps.train.parallel.pipeline import (PipelineEngine, bubble_fraction, gpipe_schedule,
                                  one_f_one_b_schedule, partition_stages, schedule_for,
                                  simulate_schedule)
-from apps.train.sequential import Sequential
-from apps.train.tensor_parallel import mlp_layers
+from apps.train.nn.sequential import Sequential
+from apps.train.parallel.tensor_parallel import mlp_layers
 from hpcgpu.errors import ConfigurationError
 
 
@@ -102,7 +102,7 @@ def test_partition_balances_parameters_and_accepts_boundaries():
 def test_micro_batch_gradients_equal_full_batch(schedule):
     """One stage, M = 4 uneven micro-batches (GPipe holds all four activations at once and puts
     each back before its backward): the accumulated gradients equal one full-batch backward."""
-    from apps.train.params import init_flat_parameters
+    from apps.train.nn.params import init_flat_parameters
 
     rng = np.random.default_rng(1)
     x = rng.standard_normal((10, SPEC.n_inputs))
@@ -164,7 +164,7 @@ def test_bad_grid_fails_on_every_rank_before_any_collective(comm):
     with pytest.raises(ConfigurationError, match="but the job has 2"):
         make_grid(comm, 2, 2, 1)
     with pytest.raises(ConfigurationError, match="micro-batches"):
-        from apps.train.parallel_training import ParallelTrainer
+        from apps.train.parallel.trainer import ParallelTrainer
 
         config = train_config()
         config.global_batch_size = 3

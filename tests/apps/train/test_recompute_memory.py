@@ -11,11 +11,11 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from apps.train.layers import ForwardContext
-from apps.train.models import large_mlp
-from apps.train.params import init_flat_parameters
-from apps.train.sequential import Sequential
-from apps.train.tensor_parallel import MLPSpec, mlp_layers
+from apps.train.nn.layers import ForwardContext
+from apps.train.nn.models import large_mlp
+from apps.train.nn.params import init_flat_parameters
+from apps.train.nn.sequential import Sequential
+from apps.train.parallel.tensor_parallel import MLPSpec, mlp_layers
 
 B, I, C, W, H, D = 12, 10, 5, 16, 40, 3   # batch, inputs, classes, width, residual inner width, depth
 

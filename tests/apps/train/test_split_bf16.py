@@ -1,6 +1,6 @@
 """bf16 mixed precision of the split model (``--model residual-mlp`` on a D x T x P grid).
 
-bf16 as in the data-parallel path (:mod:`apps.train.precision`): bfloat16 activations, gradients and
+bf16 as in the data-parallel path (:mod:`apps.train.training.precision`): bfloat16 activations, gradients and
 compute copy of the weights, fp32 masters and optimiser state, no loss scaling, data-parallel
 gradients summed in float32 and rounded once. The tensor allreduces sum bfloat16 activations (CPU:
 float32 copies, rounded once; NCCL: bfloat16), the pipeline sends bfloat16 activations exactly.
@@ -32,9 +32,9 @@ from test_comm_volume import assert_measured_equals_computed
 from test_tensor_parallel import SPEC, relative, train_config
 from test_train_parallel_app import SPLIT, run_app
 
-from apps.train.loader import ArraySource, ShardedLoader
-from apps.train.parallel_grid import make_grid
-from apps.train.parallel_training import ParallelTrainer
+from apps.train.data.loader import ArraySource, ShardedLoader
+from apps.train.parallel.grid import make_grid
+from apps.train.parallel.trainer import ParallelTrainer
 
 STEPS = 50
 #: a split grid's bf16 loss curve against the 1 x 1 x 1 bf16 one (see the module docstring)
@@ -194,7 +194,7 @@ def test_gpu_bf16_zero_reduce_scatter_in_float32(comm):
     on both replicas."""
     from distributed_cases import relative_difference, train_curve
 
-    from apps.train.distributed import replicas_identical
+    from apps.train.parallel.distributed import replicas_identical
 
     arch = gpu_arch_or_skip(comm)
     plain, _, _ = train_curve(comm, 30, global_batch=24, precision="bf16", arch=arch)

@@ -15,10 +15,10 @@ from test_comm_volume import assert_measured_equals_computed
 from test_tensor_parallel import SPEC, train_config
 from test_train_parallel_app import SPLIT, run_app
 
-from apps.train.comm_volume import blocks_in_stage
-from apps.train.loader import ArraySource, ShardedLoader
-from apps.train.parallel_grid import make_grid
-from apps.train.parallel_training import ParallelTrainer
+from apps.train.parallel.comm_volume import blocks_in_stage
+from apps.train.data.loader import ArraySource, ShardedLoader
+from apps.train.parallel.grid import make_grid
+from apps.train.parallel.trainer import ParallelTrainer
 
 STEPS = 20
 

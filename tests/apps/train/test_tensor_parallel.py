@@ -1,4 +1,4 @@
-"""Tensor parallelism (apps.train.tensor_parallel) and the D x T x P grid, on the CPU.
+"""Tensor parallelism (apps.train.parallel.tensor_parallel) and the D x T x P grid, on the CPU.
 
 The multi-rank bodies run on every rank (``mpi`` marker, under a timeout, the failing rank's
 traceback in the report) and compute their one-process reference in the same process.
@@ -16,15 +16,15 @@ import pytest
 
 from distributed_cases import N_CLASSES, N_FEATURES, synthetic_data, train_steps
 
-from apps.train.layers import ForwardContext
-from apps.train.loader import ArraySource, ShardedLoader
-from apps.train.parallel_grid import ParallelGrid, check_grid, grid_coordinates, make_grid
-from apps.train.parallel_training import ParallelTrainer, build_parallel_model, init_parallel_parameters
-from apps.train.params import init_flat_parameters
-from apps.train.sequential import Sequential
-from apps.train.tensor_parallel import (ColumnParallelLinear, MLPSpec, RowParallelLinear,
+from apps.train.nn.layers import ForwardContext
+from apps.train.data.loader import ArraySource, ShardedLoader
+from apps.train.parallel.grid import ParallelGrid, check_grid, grid_coordinates, make_grid
+from apps.train.parallel.trainer import ParallelTrainer, build_parallel_model, init_parallel_parameters
+from apps.train.nn.params import init_flat_parameters
+from apps.train.nn.sequential import Sequential
+from apps.train.parallel.tensor_parallel import (ColumnParallelLinear, MLPSpec, RowParallelLinear,
                                         TensorGroup, mlp_block, mlp_layers)
-from apps.train.trainer import TrainConfig, train_step
+from apps.train.training.trainer import TrainConfig, train_step
 from hpcgpu.errors import ConfigurationError
 
 SPEC = MLPSpec(N_FEATURES, N_CLASSES, width=16, hidden=32, depth=3, dropout=0.1)

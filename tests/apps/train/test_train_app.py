@@ -90,7 +90,7 @@ def test_help_lists_the_training_flags():
 
 def test_a_small_model_on_an_automatically_chosen_gpu_gets_a_hint():
     from apps.train.app import launch_bound_note
-    from apps.train.models import large_mlp, mnist1d_mlp
+    from apps.train.nn.models import large_mlp, mnist1d_mlp
 
     assert "--backend numpy" in launch_bound_note(True, mnist1d_mlp().n_params, "auto")
     assert launch_bound_note(True, mnist1d_mlp().n_params, "cupy") is None      # asked for explicitly

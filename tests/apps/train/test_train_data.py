@@ -7,7 +7,7 @@ import h5py
 import numpy as np
 import pytest
 
-from apps.train.data import (Dataset, epoch_permutation, generate_mnist1d, global_batches,
+from apps.train.data.dataset import (Dataset, epoch_permutation, generate_mnist1d, global_batches,
                              load_dataset, load_mnist1d, mnist1d_path, save_dataset, shard,
                              shard_bounds)
 

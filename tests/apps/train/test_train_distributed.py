@@ -11,11 +11,11 @@ import pytest
 from distributed_cases import (N_CLASSES, N_FEATURES, relative_difference, synthetic_data,
                                train_curve)
 
-from apps.train.data import shard_bounds
-from apps.train.distributed import DataParallel, make_sync, plan_buckets, replicas_identical
-from apps.train.loader import ArraySource, ShardedLoader
-from apps.train.models import mnist1d_mlp
-from apps.train.trainer import TrainConfig, Trainer, init_train_state, train_step
+from apps.train.data.dataset import shard_bounds
+from apps.train.parallel.distributed import DataParallel, make_sync, plan_buckets, replicas_identical
+from apps.train.data.loader import ArraySource, ShardedLoader
+from apps.train.nn.models import mnist1d_mlp
+from apps.train.training.trainer import TrainConfig, Trainer, init_train_state, train_step
 
 
 @pytest.mark.mpi(ranks=[1, 2, 3, 4])
@@ -119,7 +119,7 @@ def test_loader_shards_concatenate_to_the_global_batch():
 def test_loader_reads_hdf5_rows_on_demand(tmp_path):
     import h5py
 
-    from apps.train.loader import HDF5Source, open_training_data
+    from apps.train.data.loader import HDF5Source, open_training_data
 
     x, y = synthetic_data()
     with h5py.File(tmp_path / "d.h5", "w") as handle:

@@ -14,12 +14,12 @@ fused AdamW) while the CPU reference computes in float64: parity to ~1e-6.
 import numpy as np
 import pytest
 
-from apps.train.gelu_kernels import gelu_backward, gelu_forward
-from apps.train.layernorm_kernels import layer_norm_backward, layer_norm_forward
-from apps.train.loss import softmax_cross_entropy
-from apps.train.models import large_mlp
-from apps.train.optim_kernels import adamw_update, adamw_update_mixed
-from apps.train.trainer import TrainConfig, Trainer, init_train_state, train_step
+from apps.train.kernels.gelu import gelu_backward, gelu_forward
+from apps.train.kernels.layernorm import layer_norm_backward, layer_norm_forward
+from apps.train.nn.loss import softmax_cross_entropy
+from apps.train.nn.models import large_mlp
+from apps.train.kernels.optimizer_updates import adamw_update, adamw_update_mixed
+from apps.train.training.trainer import TrainConfig, Trainer, init_train_state, train_step
 
 
 def host(array):

@@ -6,11 +6,11 @@ Run on the GPU machine with ``python -m pytest tests/apps/train -m gpu``.
 import numpy as np
 import pytest
 
-from apps.train.im2col import col2im, im2col
-from apps.train.models import large_mlp, mnist1d_cnn
-from apps.train.optim import AdamW, SGD
-from apps.train.random_mask import keep_mask
-from apps.train.trainer import TrainConfig, Trainer, init_train_state, train_step
+from apps.train.kernels.im2col import col2im, im2col
+from apps.train.nn.models import large_mlp, mnist1d_cnn
+from apps.train.training.optim import AdamW, SGD
+from apps.train.kernels.random_mask import keep_mask
+from apps.train.training.trainer import TrainConfig, Trainer, init_train_state, train_step
 
 pytestmark = pytest.mark.gpu
 

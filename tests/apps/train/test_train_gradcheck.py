@@ -8,12 +8,12 @@ compared with central differences (step 1e-6, relative error < 1e-6).
 import numpy as np
 import pytest
 
-from apps.train.conv import AvgPool1d, Conv1d, MaxPool1d
-from apps.train.dropout import Dropout
-from apps.train.layers import GELU, Flatten, ForwardContext, LayerNorm, Linear, ReLU, Reshape
-from apps.train.loss import softmax_cross_entropy
-from apps.train.params import init_flat_parameters
-from apps.train.sequential import Residual, Sequential
+from apps.train.nn.conv import AvgPool1d, Conv1d, MaxPool1d
+from apps.train.nn.dropout import Dropout
+from apps.train.nn.layers import GELU, Flatten, ForwardContext, LayerNorm, Linear, ReLU, Reshape
+from apps.train.nn.loss import softmax_cross_entropy
+from apps.train.nn.params import init_flat_parameters
+from apps.train.nn.sequential import Residual, Sequential
 
 STEP = 1e-6
 TOLERANCE = 1e-6

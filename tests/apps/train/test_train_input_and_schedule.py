@@ -6,8 +6,8 @@ import sys
 import numpy as np
 import pytest
 
-from apps.train.checkpointing import check_schedule
-from apps.train.data import data_file_problem
+from apps.train.training.checkpointing import check_schedule
+from apps.train.data.dataset import data_file_problem
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.launch import run_mpi
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from apps.train.im2col import col2im, conv_output_length, im2col
-from apps.train.random_mask import keep_mask, keep_threshold
+from apps.train.kernels.im2col import col2im, conv_output_length, im2col
+from apps.train.kernels.random_mask import keep_mask, keep_threshold
 
 
 def im2col_reference(x, kernel_size, stride, padding):

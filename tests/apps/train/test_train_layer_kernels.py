@@ -14,12 +14,12 @@ CPU path rounds every intermediate to float16, hence its looser bound).
 import numpy as np
 import pytest
 
-from apps.train.buffer_kernels import scaled_copy, sum_of_squares
-from apps.train.gelu_kernels import gelu_backward, gelu_forward
-from apps.train.gemm import gemm
-from apps.train.layernorm_kernels import layer_norm_backward, layer_norm_forward
-from apps.train.layers import ForwardContext, Linear
-from apps.train.models import large_mlp
+from apps.train.kernels.buffers import scaled_copy, sum_of_squares
+from apps.train.kernels.gelu import gelu_backward, gelu_forward
+from apps.train.kernels.gemm import gemm
+from apps.train.kernels.layernorm import layer_norm_backward, layer_norm_forward
+from apps.train.nn.layers import ForwardContext, Linear
+from apps.train.nn.models import large_mlp
 
 
 def host(array):
@@ -209,8 +209,8 @@ def test_gemm_rejects_mismatches(xp):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_linear_layer_gradients(xp, rng, dtype):
-    from apps.train.params import init_flat_parameters
-    from apps.train.sequential import Sequential
+    from apps.train.nn.params import init_flat_parameters
+    from apps.train.nn.sequential import Sequential
 
     model = Sequential([Linear(24, 40)])
     params = xp.asarray(init_flat_parameters(model.layout, 3, "float64").astype(dtype))
@@ -244,7 +244,7 @@ def test_linear_layer_gradients(xp, rng, dtype):
 
 def test_model_backward_without_input_gradient(rng):
     model = large_mlp(12, 5, depth=2, width=16)
-    from apps.train.params import init_flat_parameters
+    from apps.train.nn.params import init_flat_parameters
 
     params = init_flat_parameters(model.layout, 0, "float64")
     grads = np.zeros_like(params)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from apps.train.optim import AdamW, SGD, WarmupCosineSchedule, clip_factor, grad_sum_of_squares
+from apps.train.training.optim import AdamW, SGD, WarmupCosineSchedule, clip_factor, grad_sum_of_squares
 
 
 def adamw_reference(params, grad_sequence, lr, beta1, beta2, eps, weight_decay):

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from apps.train.layers import Linear, ReLU
-from apps.train.models import mnist1d_cnn, mnist1d_mlp
-from apps.train.params import ParamLayout, ParamSpec, init_flat_parameters
-from apps.train.sequential import Sequential
+from apps.train.nn.layers import Linear, ReLU
+from apps.train.nn.models import mnist1d_cnn, mnist1d_mlp
+from apps.train.nn.params import ParamLayout, ParamSpec, init_flat_parameters
+from apps.train.nn.sequential import Sequential
 
 
 def test_layout_is_in_backward_order_and_tiles_the_buffer():

@@ -14,8 +14,8 @@ import pytest
 from hpcgpu.errors import ConfigurationError
 
 from apps.train.app import build_parser
-from apps.train.distributed import DataParallel, check_allreduce, make_sync
-from apps.train.peer_reduce import check_peer_reduce, owned_range
+from apps.train.parallel.distributed import DataParallel, check_allreduce, make_sync
+from apps.train.parallel.peer_reduce import check_peer_reduce, owned_range
 
 
 @pytest.mark.parametrize("lo, hi", [(0, 0), (5, 6), (0, 7), (10, 20), (3, 1002)])

@@ -64,7 +64,7 @@ def reduce_round(sync, arch, host_values):
 def test_peer_sums_are_bitwise_nccls(comm, dtype):
     import cupy
 
-    from apps.train.distributed import DataParallel
+    from apps.train.parallel.distributed import DataParallel
 
     arch = gpu_arch_or_skip(comm)
     n_params = 2995   # float16: buckets 999, 999, 997; float32: six of 499 and one of 1 element
@@ -96,10 +96,10 @@ def test_peer_sums_are_bitwise_nccls(comm, dtype):
 
 def train(comm, arch, allreduce, precision, n_steps, accum_steps=1):
     """Losses, final reduced gradients and master parameters (host) of a short data-parallel run."""
-    from apps.train._backend import to_numpy
-    from apps.train.distributed import DataParallel
-    from apps.train.loader import ArraySource, ShardedLoader
-    from apps.train.trainer import TrainConfig, Trainer, init_train_state, train_step
+    from apps.train.kernels.backend import to_numpy
+    from apps.train.parallel.distributed import DataParallel
+    from apps.train.data.loader import ArraySource, ShardedLoader
+    from apps.train.training.trainer import TrainConfig, Trainer, init_train_state, train_step
 
     config = TrainConfig(optimizer="adamw", lr=3e-3, weight_decay=0.01, warmup_steps=2, total_steps=n_steps,
                          global_batch_size=24, accum_steps=accum_steps, precision=precision,

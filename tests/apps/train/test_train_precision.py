@@ -2,10 +2,10 @@
 
 import numpy as np
 
-from apps.train.data import Dataset
-from apps.train.models import mnist1d_mlp
-from apps.train.precision import DynamicLossScaler, MixedPrecision
-from apps.train.trainer import TrainConfig, Trainer, init_train_state, train_step
+from apps.train.data.dataset import Dataset
+from apps.train.nn.models import mnist1d_mlp
+from apps.train.training.precision import DynamicLossScaler, MixedPrecision
+from apps.train.training.trainer import TrainConfig, Trainer, init_train_state, train_step
 
 
 def test_scaler_halves_and_skips_on_overflow_then_grows():

@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 
-from apps.train.conv import Conv1d, MaxPool1d
-from apps.train.dropout import Dropout
-from apps.train.layers import GELU, Flatten, ForwardContext, LayerNorm, Linear, ReLU, Reshape
-from apps.train.loss import softmax_cross_entropy
-from apps.train.models import large_mlp, mnist1d_cnn, mnist1d_mlp
-from apps.train.params import init_flat_parameters
-from apps.train.sequential import Residual, Sequential
+from apps.train.nn.conv import Conv1d, MaxPool1d
+from apps.train.nn.dropout import Dropout
+from apps.train.nn.layers import GELU, Flatten, ForwardContext, LayerNorm, Linear, ReLU, Reshape
+from apps.train.nn.loss import softmax_cross_entropy
+from apps.train.nn.models import large_mlp, mnist1d_cnn, mnist1d_mlp
+from apps.train.nn.params import init_flat_parameters
+from apps.train.nn.sequential import Residual, Sequential
 
 
 def mixed_model(recompute=False):

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from apps.train.data import shard_bounds
-from apps.train.models import large_mlp
-from apps.train.trainer import (LocalSync, TrainConfig, Trainer, compute_gradients,
+from apps.train.data.dataset import shard_bounds
+from apps.train.nn.models import large_mlp
+from apps.train.training.trainer import (LocalSync, TrainConfig, Trainer, compute_gradients,
                                 init_train_state, load_state_arrays, state_arrays, train_step)
 
 GLOBAL_BATCH = 12

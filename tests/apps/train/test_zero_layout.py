@@ -1,6 +1,6 @@
 """ZeRO-1's collectives on the ``nccl`` branch: which calls, on which parts of the flat buffer.
 
-NCCL's reduce-scatter and all-gather need equal blocks, so :class:`apps.train.zero.ZeroRedundancy`
+NCCL's reduce-scatter and all-gather need equal blocks, so :class:`apps.train.parallel.zero.ZeroRedundancy`
 issues a reduce-scatter IN PLACE over the ``size`` equal shards plus an allreduce of the remainder, and
 an all-gather in place plus a broadcast of the remainder from the last rank; the bits on GPUs depend on
 exactly that split. The NCCL path cannot run here, so :class:`RecordingNccl` stands in: it answers to the
@@ -11,8 +11,8 @@ with MPI on copies (as NCCL does in place). The MPI branch must give the same su
 import numpy as np
 import pytest
 
-import apps.train.zero as zero
-from apps.train.zero import ZeroRedundancy
+import apps.train.parallel.zero as zero
+from apps.train.parallel.zero import ZeroRedundancy
 from hpcgpu.arch import CPU
 from hpcgpu.transport import collectives
 
