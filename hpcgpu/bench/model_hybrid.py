@@ -13,7 +13,7 @@
     step      = pipeline + tensor + p2p + data - hidden
     efficiency = compute / step
 
-Placement as :mod:`apps.train.parallel_grid` orders ranks: tensor fastest, then pipeline, then data.
+Placement as :mod:`apps.train.parallel.grid` orders ranks: tensor fastest, then pipeline, then data.
 Tensor groups use NVLink when ``T <= gpus_per_node``; a pipeline boundary crosses nodes when
 ``T P > gpus_per_node``; the data allreduce crosses nodes when ``D T P > gpus_per_node`` (then at
 the node's InfiniBand bandwidth, as the data-parallel recipe of :mod:`hpcgpu.bench.model_predict`).
