@@ -15,25 +15,9 @@ import sys
 import hpcgpu
 from hpcgpu.app.cli import parse_args
 from hpcgpu.errors import ConfigurationError, OutputError, rank_prefix, replicated
-from hpcgpu.runtime.abort import EXIT_USAGE, exit_without_teardown
+from hpcgpu.runtime.abort import EXIT_USAGE, RANK_VARIABLES, exit_without_teardown, launcher_rank  # noqa: F401
 from hpcgpu.runtime.fault_injection import maybe_fail
 from hpcgpu.profiling import handle_profile_flag
-
-#: Environment variables in which launchers give a process its rank in MPI_COMM_WORLD, before MPI_Init:
-#: srun, Open MPI, MPICH/Intel MPI (hydra, PMI), Cray PALS, MVAPICH, Flux.
-RANK_VARIABLES = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "PALS_RANKID",
-                  "MV2_COMM_WORLD_RANK", "FLUX_TASK_RANK")
-
-
-def launcher_rank(environ=None) -> int:
-    """This process's rank as the launcher announced it (0 when started without one); needs no MPI."""
-    environ = os.environ if environ is None else environ
-    for name in RANK_VARIABLES:
-        value = environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return 0
-
 
 def asks_for_help(argv) -> bool:
     """True when ``argv`` holds ``-h`` or ``--help`` before a ``--`` (argparse would print the help)."""

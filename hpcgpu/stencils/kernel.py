@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import numbers
+import sys
 
 import numpy as np
 
@@ -44,7 +45,8 @@ from hpcgpu.halo.exchange import exchange_halos
 from hpcgpu.halo.regions import split_owned
 from hpcgpu.stencils import codegen_cpu, codegen_cuda
 from hpcgpu.stencils.compile import cpu_function, gpu_function
-from hpcgpu.stencils.definition import parse
+from hpcgpu.runtime.abort import exit_before_mpi
+from hpcgpu.stencils.definition import StencilDefinitionError, parse
 from hpcgpu.stencils.neighbourhood import Neighbourhood
 
 REGIONS = ("owned", "interior", "rim")
@@ -325,5 +327,21 @@ def stencil(function) -> StencilKernel:
     ...     return u[0, 0] + alpha * (u[-1, 0] + u[1, 0] + u[0, -1] + u[0, 1] - 4 * u[0, 0])
     >>> heat.halo_width, heat.corners
     ((1, 1), False)
+
+    A function the layer cannot compile raises :class:`~hpcgpu.stencils.StencilDefinitionError`
+    naming its file and line. In a script being run (``python model.py``, ``mpiexec ... python
+    model.py``) the job ends there instead: one ``error:`` line from the launcher's rank 0, no
+    traceback, exit code 2, before MPI starts or anything is written.
     """
-    return StencilKernel(function)
+    try:
+        return StencilKernel(function)
+    except StencilDefinitionError as error:
+        if _defined_in_running_script(function):
+            exit_before_mpi(error)
+        raise
+
+
+def _defined_in_running_script(function) -> bool:
+    """True when ``function`` belongs to the script Python was started with (not an import, not a REPL)."""
+    main = sys.modules.get("__main__")
+    return getattr(function, "__module__", None) == "__main__" and getattr(main, "__file__", None) is not None
