@@ -151,6 +151,9 @@ class FieldModel(Model):
         are left as they are (every axis periodic needs none).
     params : dict of str to float
         Scalar parameters of the stencils not given as ``params=`` (before the options).
+    checkpointed_values : tuple of str
+        Names of numeric attributes that are part of the state besides the fields (the model time of
+        an adaptive time step): saved with checkpoints and restored on ``--restart``.
     output_every : int or None
         Default of ``--output-every``: steps between records of ``NAME.nc`` (0: initial and final
         only); None: the model writes no netCDF file.
@@ -179,6 +182,7 @@ class FieldModel(Model):
     output_dtype = "float32"
     field_attributes: dict = {}
     params: dict = {}
+    checkpointed_values: tuple = ()
     dtype = "float64"
 
     def __init__(self, comm, arch, grid, names=None, halo_width=None, dtype: str | None = None,
@@ -461,13 +465,16 @@ class FieldModel(Model):
                 "periodic": list(self.grid.periodic)}
 
     def checkpoint_state(self) -> dict:
-        return {"fields": self._state_fields(), "replicated": {"step": self.step_index}}
+        values = {name: getattr(self, name) for name in self.checkpointed_values}
+        return {"fields": self._state_fields(), "replicated": {"step": self.step_index, **values}}
 
     def load_checkpoint(self, control) -> int | None:
         restored = control.restore(fields=self._state_fields())
         if restored is None:
             return None
         self.step_index = restored.step
+        for name in self.checkpointed_values:
+            setattr(self, name, restored.replicated[name])
         return restored.step
 
     def _state_fields(self) -> dict:
