@@ -224,6 +224,7 @@ class FieldModel(Model):
         self.updates_per_step = math.prod(grid.global_shape)
         self.step_index = 0
         self._written: set = set()   # state fields whose new values this step has written
+        self._resolved: dict = {}    # (stencil, into, read, buffer order) -> outputs, inputs, conditions
         self._dry_run = False
 
     # ------------------------------------------------------------------ set-up checks
@@ -284,7 +285,12 @@ class FieldModel(Model):
         """
         try:
             into = (into,) if isinstance(into, str) else tuple(into)
-            outputs, inputs, conditions = self._resolve(kernel, into, read)
+            # Resolved once per stencil, mapping and buffer order (the two orders alternate step by step).
+            key = (kernel, into, tuple(read.items()) if read else None, id(self.current))
+            resolved = self._resolved.get(key)
+            if resolved is None:
+                resolved = self._resolved[key] = self._resolve(kernel, into, read)
+            outputs, inputs, conditions = resolved
             values = self._parameters(kernel, params)
             if boundary_conditions is not None:
                 conditions = boundary_conditions
