@@ -50,6 +50,7 @@ class HeatRK3(hpcgpu.FieldModel):
     stencils = (euler, blend)
     field_attributes = {"u": {"long_name": "temperature", "units": "1"}}
     checkpointed_values = ("elapsed",)
+    graph_unsupported = "each step takes a global maximum on the host (adaptive time step)"
     options = (
         hpcgpu.Option("ny", int, 32, "cells along y (floor to lid)", minimum=1),
         hpcgpu.Option("nx", int, 48, "cells along x (periodic)", minimum=1),

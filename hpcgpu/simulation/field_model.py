@@ -48,6 +48,12 @@ at the start of the step, so several stages need no buffer juggling (SSP-RK3)::
 A stencil's scalar parameters come from ``params=``, then from :attr:`params`, then from the model's
 options of the same name. Boundary conditions of non-periodic axes are :attr:`boundary_conditions`.
 
+On a GPU the driver replays runs of steps as CUDA graphs, which repeat the kernel launches they
+captured with the parameters they captured, and run no Python in between. A model whose step reads
+values on the host (:func:`hpcgpu.global_max` for an adaptive time step) or gives its stencils
+parameters that change from step to step after the second step sets ``graph_unsupported = "why"``
+(the steps then run eagerly).
+
 ``model.state`` maps each state field to a :class:`CurrentField`: a handle that always refers to the
 current buffer, for operations that keep fields (``NetCDFOutput(..., fields=model.state)``).
 
