@@ -76,6 +76,7 @@ from hpcgpu.reductions import global_mean
 from hpcgpu.simulation.model import Model
 from hpcgpu.simulation.netcdf_output import NetCDFOutput
 from hpcgpu.simulation.triggers import AtEnd, Periodic
+from hpcgpu.stencils.kernel import checking_only
 
 
 class CurrentField:
@@ -231,7 +232,6 @@ class FieldModel(Model):
         self.step_index = 0
         self._written: set = set()   # state fields whose new values this step has written
         self._resolved: dict = {}    # (stencil, into, read, buffer order) -> outputs, inputs, conditions
-        self._dry_run = False
 
     # ------------------------------------------------------------------ set-up checks
     def _check_stencils(self, grid, model: str, where) -> None:
@@ -300,12 +300,8 @@ class FieldModel(Model):
             values = self._parameters(kernel, params)
             if boundary_conditions is not None:
                 conditions = boundary_conditions
-            if self._dry_run:
-                binding = kernel.bind(outputs, inputs)
-                binding.parameter_values(values)
-            else:
-                kernel.update(outputs=outputs, inputs=inputs, params=values, timers=timers,
-                              boundary_conditions=conditions)
+            kernel.update(outputs=outputs, inputs=inputs, params=values, timers=timers,
+                          boundary_conditions=conditions)   # binds and checks only inside check_step
         except HpcgpuError as error:
             raise self._located(error, kernel) from None
         self._written.update(name for name in into if name in self.state)
@@ -447,12 +443,15 @@ class FieldModel(Model):
 
         Every field, output and parameter a step names is looked up as in a real step, so a mistake
         ends the job here, before the run writes anything, with the line of ``step`` that makes it.
-        The model is as before afterwards (its attributes are restored; no cell is computed).
+        The model is as before afterwards: its attributes are restored, and stencils (through
+        :meth:`stage`, :meth:`advance` or ``kernel.update``/``apply`` called directly) compute nothing
+        (:func:`hpcgpu.stencils.kernel.checking_only`). Host work of the step itself (a global
+        maximum) does run.
         """
         saved = dict(self.__dict__)
-        self._dry_run = True
         try:
-            self.step(None)
+            with checking_only():   # kernel.update/apply bind and check, compute nothing (also when called directly)
+                self.step(None)
         finally:
             self.__dict__.clear()
             self.__dict__.update(saved)

@@ -33,6 +33,7 @@ after the first call: a step made of these calls can be captured and replayed as
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import numbers
 import sys
@@ -118,7 +119,10 @@ class StencilKernel:
             raise ConfigurationError(f"stencil {self.definition.name!r}: region must be one of {', '.join(REGIONS)}; "
                                      f"got {region!r}")
         binding = self.bind(outputs, inputs)
-        binding.run(region, binding.parameter_values(params))
+        values = binding.parameter_values(params)
+        if _checking_only.get():
+            return
+        binding.run(region, values)
 
     def update(self, outputs, inputs, params=None, timers=None, boundary_conditions=None) -> None:
         """Exchange the inputs' halos and update all owned cells of ``outputs``, overlapped; returns None.
@@ -136,6 +140,8 @@ class StencilKernel:
         """
         binding = self.bind(outputs, inputs)
         values = binding.parameter_values(params)
+        if _checking_only.get():
+            return
         phase = timers.phase if timers is not None else _no_phase
         if not binding.exchanged:
             with phase("compute"):
@@ -203,6 +209,25 @@ class StencilKernel:
 @contextlib.contextmanager
 def _no_phase(name):
     yield
+
+
+#: Set while :func:`checking_only` is active: apply/update bind and check, and compute nothing.
+_checking_only = contextvars.ContextVar("hpcgpu_stencil_checking_only", default=False)
+
+
+@contextlib.contextmanager
+def checking_only():
+    """Within the block, :meth:`StencilKernel.apply` and :meth:`~StencilKernel.update` bind (compile) and
+    check their fields and parameters as usual, but exchange no halo and change no cell.
+
+    :meth:`hpcgpu.FieldModel.check_step` runs a model's step this way before the run starts, so a
+    mistake is reported before anything is written, and the step's stencils are compiled.
+    """
+    token = _checking_only.set(True)
+    try:
+        yield
+    finally:
+        _checking_only.reset(token)
 
 
 class _Binding:
