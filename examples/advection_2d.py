@@ -14,12 +14,7 @@ The tracer starts as a square of 1 in a field of 0; its total is conserved.
 """
 
 import hpcgpu
-from hpcgpu.app.cli import FrozenOptions, common_parser, float_in, non_negative_int, positive_int
-from hpcgpu.app.environment import prepare_output
-from hpcgpu.app.main import run_app
 from hpcgpu.errors import ConfigurationError
-
-VERSION = "1.0"
 
 
 @hpcgpu.stencil
@@ -30,51 +25,29 @@ def upwind(q, cx, cy):
 
 
 class Advection(hpcgpu.FieldModel):
-    name, version = "advection_2d", VERSION
-    stencils = (upwind,)
-    restart_independent_options = frozenset({"output_every"})
+    """2D upwind advection of a tracer (periodic)."""
+
+    name, version, default_steps = "advection_2d", "1.0", 400
+    fields, stencils = ("q",), (upwind,)
+    field_attributes = {"q": {"long_name": "tracer mixing ratio"}}
+    options = (
+        hpcgpu.Option("n", int, 128, "cells per side", minimum=1),
+        hpcgpu.Option("courant_x", float, 0.5, "u dt / dx", minimum=-1, maximum=1),
+        hpcgpu.Option("courant_y", float, 0.25, "v dt / dy", minimum=-1, maximum=1),
+    )
 
     def __init__(self, comm, arch, options):
         n = options.n
-        grid = hpcgpu.Decomposition(comm, (n, n), dims=options.dims, periodic=True)
-        super().__init__(comm, arch, grid, names=("q",), halo_width=upwind.halo_width)
+        if abs(options.courant_x) + abs(options.courant_y) > 1:
+            raise ConfigurationError(f"|--courant-x| + |--courant-y| must be <= 1 for a stable upwind scheme; got "
+                                     f"{abs(options.courant_x) + abs(options.courant_y):g}. Reduce one of them.")
+        super().__init__(comm, arch, hpcgpu.Decomposition(comm, (n, n), dims=options.dims, periodic=True))
         self.current["q"].set_from_global(lambda y, x: 1.0 * ((abs(y - n // 4) < n // 8) & (abs(x - n // 4) < n // 8)))
-        self.courant = {"cx": options.courant_x, "cy": options.courant_y}
+        self.params = {"cx": options.courant_x, "cy": options.courant_y}
 
     def step(self, timers):
-        self.advance(upwind, self.courant, timers)
-
-
-def build_parser(rank=0):
-    parser = common_parser("advection_2d.py", "2D upwind advection of a tracer (periodic)", rank=rank,
-                           default_steps=400, version=VERSION, grid_axes=2)
-    model = parser.add_argument_group("model")
-    model.add_argument("--n", type=positive_int, default=128, help="cells per side [128]")
-    model.add_argument("--courant-x", type=float_in(-1, 1), default=0.5, help="u dt / dx [0.5]")
-    model.add_argument("--courant-y", type=float_in(-1, 1), default=0.25, help="v dt / dy [0.25]")
-    model.add_argument("--output-every", type=non_negative_int, default=100, metavar="N",
-                       help="write q to advection_2d.nc every N steps (0: initial and final only) [100]")
-    return parser
-
-
-def run(options, comm):
-    config = FrozenOptions(options)
-    if abs(config.courant_x) + abs(config.courant_y) > 1:
-        raise ConfigurationError(f"|--courant-x| + |--courant-y| must be <= 1 for a stable upwind scheme; got "
-                                 f"{abs(config.courant_x) + abs(config.courant_y):g}. Reduce one of them.")
-    arch = hpcgpu.setup_architecture(comm, config)
-    model = Advection(comm, arch, config)
-    output = prepare_output(comm, arch, config)
-    tracer = hpcgpu.NetCDFOutput("advection_2d.nc", model.state,
-                                 trigger=hpcgpu.Periodic(config.output_every) | hpcgpu.AtEnd(),
-                                 long_names={"q": "tracer mixing ratio"}, title="2D upwind advection")
-    return hpcgpu.Simulation(comm, arch, model, config, app="advection_2d", output=output, final_step=config.steps,
-                             operations=[tracer], nan_check=hpcgpu.Periodic(100), graph=None).run()
-
-
-def main(argv=None):
-    return run_app("advection_2d", build_parser, run, argv)
+        self.advance(upwind, timers=timers)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(Advection.main())

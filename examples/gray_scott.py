@@ -7,7 +7,8 @@ Two chemicals: U is fed in at rate F, V consumes it (U + 2V -> 3V) and is remove
 
 Explicit Euler steps on a grid of n x n cells, 5-point Laplacian; diffusion coefficients in grid units
 (D dt / dx^2). The physics is the one function `gray_scott` below; hpcgpu compiles it for CPUs and GPUs,
-splits the grid over the ranks, exchanges halos, checkpoints and writes the fields as netCDF.
+splits the grid over the ranks, exchanges halos, checkpoints, writes the fields as netCDF and
+builds the command line from the options declared in `GrayScott`.
 
     python examples/gray_scott.py --steps 2000
     mpiexec -n 4 python examples/gray_scott.py --n 512 --steps 10000 --checkpoint-every 2000 --output gs
@@ -17,11 +18,6 @@ splits the grid over the ranks, exchanges halos, checkpoints and writes the fiel
 import numpy as np
 
 import hpcgpu
-from hpcgpu.app.cli import FrozenOptions, common_parser, non_negative_int, positive_float, positive_int
-from hpcgpu.app.environment import prepare_output
-from hpcgpu.app.main import run_app
-
-VERSION = "1.0"
 
 
 @hpcgpu.stencil
@@ -41,54 +37,30 @@ def initial_state(y, x, n):
 
 
 class GrayScott(hpcgpu.FieldModel):
-    name, version = "gray_scott", VERSION
-    stencils = (gray_scott,)                                     # compiled before the clock starts
-    restart_independent_options = frozenset({"output_every"})   # how often to write may change on restart
+    """Gray-Scott reaction-diffusion (2D, periodic)."""
+
+    name, version, default_steps = "gray_scott", "1.0", 1000
+    fields, stencils = ("u", "v"), (gray_scott,)
+    output_every, output_dtype = 500, "float64"
+    field_attributes = {"u": {"long_name": "concentration of U"}, "v": {"long_name": "concentration of V"}}
+    options = (
+        hpcgpu.Option("n", int, 256, "cells per side", minimum=1),
+        hpcgpu.Option("feed", float, 0.037, "feed rate F", positive=True),
+        hpcgpu.Option("kill", float, 0.06, "kill rate k", positive=True),
+        hpcgpu.Option("diffusion_u", float, 0.2, "Du dt/dx^2", positive=True),
+        hpcgpu.Option("diffusion_v", float, 0.1, "Dv dt/dx^2", positive=True),
+        hpcgpu.Option("dt", float, 1.0, "time step", positive=True),
+    )
 
     def __init__(self, comm, arch, options):
         n = options.n
-        grid = hpcgpu.Decomposition(comm, (n, n), dims=options.dims, periodic=True)
-        super().__init__(comm, arch, grid, names=("u", "v"), halo_width=gray_scott.halo_width)
+        super().__init__(comm, arch, hpcgpu.Decomposition(comm, (n, n), dims=options.dims, periodic=True))
         self.current["u"].set_from_global(lambda y, x: initial_state(y, x, n)[0])
         self.current["v"].set_from_global(lambda y, x: initial_state(y, x, n)[1])
-        self.params = {"feed": options.feed, "kill": options.kill, "diffusion_u": options.diffusion_u,
-                       "diffusion_v": options.diffusion_v, "dt": options.dt}
 
     def step(self, timers):
-        self.advance(gray_scott, self.params, timers)   # halo exchange, interior, rim; swap buffers
-
-
-def build_parser(rank=0):
-    parser = common_parser("gray_scott.py", "Gray-Scott reaction-diffusion (2D, periodic)", rank=rank,
-                           default_steps=1000, version=VERSION, grid_axes=2)
-    model = parser.add_argument_group("model")
-    model.add_argument("--n", type=positive_int, default=256, help="cells per side [256]")
-    model.add_argument("--feed", type=positive_float, default=0.037, help="feed rate F [0.037]")
-    model.add_argument("--kill", type=positive_float, default=0.06, help="kill rate k [0.06]")
-    model.add_argument("--diffusion-u", type=positive_float, default=0.2, help="Du dt/dx^2 [0.2]")
-    model.add_argument("--diffusion-v", type=positive_float, default=0.1, help="Dv dt/dx^2 [0.1]")
-    model.add_argument("--dt", type=positive_float, default=1.0, help="time step [1.0]")
-    model.add_argument("--output-every", type=non_negative_int, default=500, metavar="N",
-                       help="write u and v to gray_scott.nc every N steps (0: initial and final only) [500]")
-    return parser
-
-
-def run(options, comm):
-    config = FrozenOptions(options)
-    arch = hpcgpu.setup_architecture(comm, config)       # --backend, --transport
-    model = GrayScott(comm, arch, config)
-    output = prepare_output(comm, arch, config)
-    fields = hpcgpu.NetCDFOutput(
-        "gray_scott.nc", model.state, trigger=hpcgpu.Periodic(config.output_every) | hpcgpu.AtEnd(),
-        long_names={"u": "concentration of U", "v": "concentration of V"}, dtype="float64",
-        title="Gray-Scott reaction-diffusion")
-    return hpcgpu.Simulation(comm, arch, model, config, app="gray_scott", output=output, final_step=config.steps,
-                             operations=[fields], nan_check=hpcgpu.Periodic(100), graph=None).run()
-
-
-def main(argv=None):
-    return run_app("gray_scott", build_parser, run, argv)
+        self.advance(gray_scott, timers=timers)   # parameters: the options of the same names
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(GrayScott.main())

@@ -35,10 +35,19 @@ _LAZY = {
     # diagnostics with the same bits on any rank count
     "global_sum": ("hpcgpu.reductions", "global_sum"),
     "global_mean": ("hpcgpu.reductions", "global_mean"),
+    "global_max": ("hpcgpu.reductions", "global_max"),
+    "global_min": ("hpcgpu.reductions", "global_min"),
+    # boundary conditions of non-periodic edges
+    "BoundaryConditions": ("hpcgpu.halo.boundaries", "BoundaryConditions"),
+    "Dirichlet": ("hpcgpu.halo.boundaries", "Dirichlet"),
+    "ZeroGradient": ("hpcgpu.halo.boundaries", "ZeroGradient"),
+    "Mirror": ("hpcgpu.halo.boundaries", "Mirror"),
     # the simulation driver and what a model plugs into it
     "Simulation": ("hpcgpu.simulation.driver", "Simulation"),
     "Model": ("hpcgpu.simulation.model", "Model"),
     "FieldModel": ("hpcgpu.simulation.field_model", "FieldModel"),
+    "Option": ("hpcgpu.simulation.options", "Option"),
+    "run_model": ("hpcgpu.simulation.program", "run_model"),
     "Operation": ("hpcgpu.simulation.operations", "Operation"),
     "Periodic": ("hpcgpu.simulation.triggers", "Periodic"),
     "AtEnd": ("hpcgpu.simulation.triggers", "AtEnd"),

@@ -26,6 +26,8 @@ Cost: one pass over the owned cells on the host (a GPU field is copied to the ho
 microseconds per partial, and one small allgather: for diagnostics and checks, not for the inside of a
 time step. The pass costs O(cells x partials); fields whose values span hundreds of binary orders of
 magnitude (a decaying concentration next to an O(1) one) hold up to a few hundred partials.
+
+:func:`global_max` and :func:`global_min` are exact by nature (one number per rank, gathered).
 """
 
 from __future__ import annotations
@@ -174,3 +176,24 @@ def global_sum(field) -> float:
 def global_mean(field) -> float:
     """Collective: :func:`global_sum` divided by the number of cells (same bits on any rank count)."""
     return global_sum(field) / math.prod(field.decomposition.global_shape)
+
+
+def _global_extreme(field, name: str) -> float:
+    interior = field.interior
+    local = float(getattr(field.arch.xp, name)(interior))   # one number per rank (NaN propagates)
+    every = field.decomposition.comm.mpi.allgather(local)
+    return math.nan if any(math.isnan(value) for value in every) else float(getattr(np, name)(every))
+
+
+def global_max(field) -> float:
+    """Collective: the largest owned value of ``field``, on every rank (NaN if any cell is NaN).
+
+    Exact, so the same bits on any number of ranks and any split: fit for a decision inside a time
+    step (a CFL number, an adaptive time step) that every rank must take alike.
+    """
+    return _global_extreme(field, "max")
+
+
+def global_min(field) -> float:
+    """Collective: the smallest owned value of ``field``, on every rank (NaN if any cell is NaN)."""
+    return _global_extreme(field, "min")

@@ -10,14 +10,16 @@ Parsing happens on every rank with the same argv, so a bad flag raises the same
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
-import os
 import sys
 from pathlib import Path
 
 import hpcgpu
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.health.options import add_watchdog_arguments
+from hpcgpu.locations import caller_site
+from hpcgpu.runtime.abort import launcher_rank
 from hpcgpu.transport.selection import TRANSPORTS
 
 EPILOG_COMMON = """\
@@ -26,22 +28,6 @@ examples:
   mpiexec -n 8 python -m {prog} --config run.toml     options from a file, flags override it
   srun python -m {prog} --restart latest              continue from the newest valid checkpoint
 """
-
-
-#: Environment variables in which launchers give a process its rank in MPI_COMM_WORLD, before MPI_Init:
-#: srun, Open MPI, MPICH/Intel MPI (hydra, PMI), Cray PALS, MVAPICH, Flux.
-RANK_VARIABLES = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "PALS_RANKID",
-                  "MV2_COMM_WORLD_RANK", "FLUX_TASK_RANK")
-
-
-def launcher_rank(environ=None) -> int:
-    """This process's rank as the launcher announced it (0 when started without one); needs no MPI."""
-    environ = os.environ if environ is None else environ
-    for name in RANK_VARIABLES:
-        value = environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return 0
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -65,7 +51,18 @@ class AppArgumentParser(argparse.ArgumentParser):
         self.rank = rank
 
     def error(self, message):
-        raise ConfigurationError(f"{message}\n(run with --help for all options)")
+        raise ConfigurationError(f"{message}{self._suggestion(message)} (run with --help for all options)")
+
+    def _suggestion(self, message: str) -> str:
+        """``"; did you mean --alpha?"`` for a misspelled flag in an "unrecognized arguments" message."""
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        flags = [f for action in self._actions for f in action.option_strings if f.startswith("--")]
+        for word in message.split(":", 1)[1].split():
+            close = difflib.get_close_matches(word.split("=")[0], flags, n=1)
+            if word.startswith("--") and close:
+                return f"; did you mean {close[0]}?"
+        return ""
 
     def print_help(self, file=None):
         if self.rank == 0:
@@ -315,6 +312,14 @@ def _toml_repr(value) -> str:
     return repr(value)
 
 
+class UnknownOptionError(ConfigurationError, AttributeError):
+    """``options.NAME`` for a NAME that is no option (an AttributeError too: ``getattr(options, NAME, default)`` works)."""
+
+    def __init__(self, message: str, name: str | None = None):
+        ConfigurationError.__init__(self, message)
+        self.name = name
+
+
 class FrozenOptions:
     """Read-only options: the parsed flags with the app's own defaults filled in.
 
@@ -341,7 +346,14 @@ class FrozenOptions:
         try:
             return self._values[name]
         except KeyError:
-            raise AttributeError(f"no option {name!r}") from None
+            pass
+        if name.startswith("__"):
+            raise AttributeError(name)
+        where = caller_site()
+        close = difflib.get_close_matches(name, list(self._values), n=1)
+        raise UnknownOptionError(f"{where + ': ' if where else ''}there is no option {name!r}"
+                                 + (f" (did you mean {close[0]!r}?)" if close else "")
+                                 + "; declare it, or use one of: " + ", ".join(sorted(self._values)), name=name)
 
     def __setattr__(self, name, value):
         raise AttributeError(f"options are read-only (tried to set {name!r}); resolve values into a new "

@@ -14,12 +14,11 @@ import sys
 import warnings
 
 import hpcgpu
-from hpcgpu.app.cli import RANK_VARIABLES, launcher_rank, parse_args  # noqa: F401 - launcher_rank is public here
+from hpcgpu.app.cli import parse_args
 from hpcgpu.errors import ConfigurationError, OutputError, rank_prefix, replicated
-from hpcgpu.runtime.abort import EXIT_USAGE, exit_without_teardown
+from hpcgpu.runtime.abort import EXIT_USAGE, RANK_VARIABLES, exit_without_teardown, launcher_rank  # noqa: F401
 from hpcgpu.runtime.fault_injection import check_request as check_fault_request, maybe_fail
 from hpcgpu.profiling import handle_profile_flag
-
 
 
 def asks_for_help(argv) -> bool:

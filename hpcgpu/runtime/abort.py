@@ -17,6 +17,7 @@ job ends cleanly with exit code 2 instead, so a user sees one message, not one p
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 import traceback
@@ -36,6 +37,34 @@ def _report(rank: int, size: int, exc: BaseException) -> None:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
     prefix = rank_prefix(rank, size)
     print("\n".join(f"{prefix} {line}" for line in text.splitlines()), file=sys.stderr, flush=True)
+
+
+#: Environment variables in which launchers give a process its rank in MPI_COMM_WORLD, before MPI_Init:
+#: srun, Open MPI, MPICH/Intel MPI (hydra, PMI), Cray PALS, MVAPICH, Flux.
+RANK_VARIABLES = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "PALS_RANKID",
+                  "MV2_COMM_WORLD_RANK", "FLUX_TASK_RANK")
+
+
+def launcher_rank(environ=None) -> int:
+    """This process's rank as the launcher announced it (0 when started without one); needs no MPI."""
+    environ = os.environ if environ is None else environ
+    for name in RANK_VARIABLES:
+        value = environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def exit_before_mpi(error: HpcgpuError, code: int = 2) -> None:
+    """End a process whose job has not started MPI yet: ``error: MESSAGE`` once per job, then exit ``code``.
+
+    For a mistake found while a user's script is still being read (a stencil that cannot be compiled):
+    every process of the job reads the same file and stops here, so the launcher's rank 0 alone
+    prints the line, without a traceback. Raises SystemExit.
+    """
+    if launcher_rank() == 0:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
 
 
 #: Seconds a rank with an error said to be raised on every rank waits for the others to say so too.

@@ -23,6 +23,7 @@ Required:
 from __future__ import annotations
 
 from hpcgpu.app.checkpointing import STOP_CHECK_EVERY
+from hpcgpu.simulation.program import run_model
 
 
 class Model:
@@ -81,6 +82,16 @@ class Model:
     unset_option_values: dict = {}
     version: str | None = None
     step_index = 0
+    #: The model's own options (:class:`hpcgpu.Option`): flags of :func:`hpcgpu.run_model`'s command line.
+    options: tuple = ()
+
+    @classmethod
+    def main(cls, argv=None) -> int:
+        """Run the model as a program (:func:`hpcgpu.run_model`); returns the exit code.
+
+        ``if __name__ == "__main__": raise SystemExit(MyModel.main())`` ends a model file.
+        """
+        return run_model(cls, argv)
 
     # ------------------------------------------------------------------ required
     def step(self, timers) -> None:

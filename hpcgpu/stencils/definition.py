@@ -36,6 +36,7 @@ import textwrap
 from dataclasses import dataclass
 
 from hpcgpu.errors import ConfigurationError
+from hpcgpu.locations import shown_path
 
 #: Functions a stencil may call as ``math.NAME`` or ``np.NAME`` (one argument each).
 FUNCTIONS = ("sqrt", "exp", "log", "sin", "cos", "tan", "tanh", "floor", "ceil")
@@ -154,6 +155,8 @@ class StencilDefinition:
         Axes of the fields (the number of indices of every access).
     accesses : dict of str to tuple of tuple of int
         Every offset read from each field, sorted.
+    site : str
+        ``"file.py:LINE"`` of the ``def`` line (named in errors about the stencil).
     """
 
     name: str
@@ -163,6 +166,7 @@ class StencilDefinition:
     outputs: tuple
     ndim: int
     accesses: dict
+    site: str = ""
 
     @property
     def n_outputs(self) -> int:
@@ -181,6 +185,7 @@ def parse(function) -> StencilDefinition:
     try:
         source = textwrap.dedent(inspect.getsource(function))
         first_line = inspect.getsourcelines(function)[1]
+        path = shown_path(inspect.getsourcefile(function) or "<unknown>")
     except (OSError, TypeError) as error:
         raise StencilDefinitionError(
             f"cannot read the source of {function!r} ({error}); expected a function defined in a file "
@@ -189,12 +194,13 @@ def parse(function) -> StencilDefinition:
     definitions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
     if not definitions:
         raise StencilDefinitionError(f"{function!r} is not a `def` function; expected `def name(fields..., parameters...)`")
-    return _Reader(definitions[0], source.splitlines(), first_line - 1, getattr(function, "__name__", "stencil")).read()
+    return _Reader(definitions[0], source.splitlines(), first_line - 1, getattr(function, "__name__", "stencil"),
+                   path).read()
 
 
 class _Reader:
-    def __init__(self, node: ast.FunctionDef, lines, line_offset: int, name: str):
-        self.node, self.lines, self.line_offset, self.name = node, lines, line_offset, name
+    def __init__(self, node: ast.FunctionDef, lines, line_offset: int, name: str, path: str = "<unknown>"):
+        self.node, self.lines, self.line_offset, self.name, self.path = node, lines, line_offset, name, path
         self.locals: set[str] = set()
         self.accesses: dict[str, set] = {}
         self.ndim = None
@@ -204,7 +210,7 @@ class _Reader:
         line = getattr(node, "lineno", self.node.lineno)
         text = self.lines[line - 1].strip() if 0 < line <= len(self.lines) else ""
         return StencilDefinitionError(
-            f"stencil {self.name!r}, line {line + self.line_offset}: {what} (in `{text}`). {fix}")
+            f"{self.path}, line {line + self.line_offset}, stencil {self.name!r}: {what} (in `{text}`). {fix}")
 
     # -------------------------------------------------------------- the function
     def read(self) -> StencilDefinition:
@@ -237,7 +243,7 @@ class _Reader:
         outputs = tuple(self.number(value) for value in values)
         accesses = {name: tuple(sorted(self.accesses.get(name, ()))) for name in self.field_names}
         return StencilDefinition(self.name, tuple(self.field_names), tuple(self.parameter_names), tuple(statements),
-                                 outputs, self.ndim, accesses)
+                                 outputs, self.ndim, accesses, f"{self.path}:{self.node.lineno + self.line_offset}")
 
     def statement(self, node) -> Assign:
         if isinstance(node, ast.Assign):

@@ -33,8 +33,10 @@ after the first call: a step made of these calls can be captured and replayed as
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import numbers
+import sys
 
 import numpy as np
 
@@ -44,7 +46,8 @@ from hpcgpu.halo.exchange import exchange_halos
 from hpcgpu.halo.regions import split_owned
 from hpcgpu.stencils import codegen_cpu, codegen_cuda
 from hpcgpu.stencils.compile import cpu_function, gpu_function
-from hpcgpu.stencils.definition import parse
+from hpcgpu.runtime.abort import exit_before_mpi
+from hpcgpu.stencils.definition import StencilDefinitionError, parse
 from hpcgpu.stencils.neighbourhood import Neighbourhood
 
 REGIONS = ("owned", "interior", "rim")
@@ -116,7 +119,10 @@ class StencilKernel:
             raise ConfigurationError(f"stencil {self.definition.name!r}: region must be one of {', '.join(REGIONS)}; "
                                      f"got {region!r}")
         binding = self.bind(outputs, inputs)
-        binding.run(region, binding.parameter_values(params))
+        values = binding.parameter_values(params)
+        if _checking_only.get():
+            return
+        binding.run(region, values)
 
     def update(self, outputs, inputs, params=None, timers=None, boundary_conditions=None) -> None:
         """Exchange the inputs' halos and update all owned cells of ``outputs``, overlapped; returns None.
@@ -134,6 +140,8 @@ class StencilKernel:
         """
         binding = self.bind(outputs, inputs)
         values = binding.parameter_values(params)
+        if _checking_only.get():
+            return
         phase = timers.phase if timers is not None else _no_phase
         if not binding.exchanged:
             with phase("compute"):
@@ -201,6 +209,25 @@ class StencilKernel:
 @contextlib.contextmanager
 def _no_phase(name):
     yield
+
+
+#: Set while :func:`checking_only` is active: apply/update bind and check, and compute nothing.
+_checking_only = contextvars.ContextVar("hpcgpu_stencil_checking_only", default=False)
+
+
+@contextlib.contextmanager
+def checking_only():
+    """Within the block, :meth:`StencilKernel.apply` and :meth:`~StencilKernel.update` bind (compile) and
+    check their fields and parameters as usual, but exchange no halo and change no cell.
+
+    :meth:`hpcgpu.FieldModel.check_step` runs a model's step this way before the run starts, so a
+    mistake is reported before anything is written, and the step's stencils are compiled.
+    """
+    token = _checking_only.set(True)
+    try:
+        yield
+    finally:
+        _checking_only.reset(token)
 
 
 class _Binding:
@@ -325,5 +352,21 @@ def stencil(function) -> StencilKernel:
     ...     return u[0, 0] + alpha * (u[-1, 0] + u[1, 0] + u[0, -1] + u[0, 1] - 4 * u[0, 0])
     >>> heat.halo_width, heat.corners
     ((1, 1), False)
+
+    A function the layer cannot compile raises :class:`~hpcgpu.stencils.StencilDefinitionError`
+    naming its file and line. In a script being run (``python model.py``, ``mpiexec ... python
+    model.py``) the job ends there instead: one ``error:`` line from the launcher's rank 0, no
+    traceback, exit code 2, before MPI starts or anything is written.
     """
-    return StencilKernel(function)
+    try:
+        return StencilKernel(function)
+    except StencilDefinitionError as error:
+        if _defined_in_running_script(function):
+            exit_before_mpi(error)
+        raise
+
+
+def _defined_in_running_script(function) -> bool:
+    """True when ``function`` belongs to the script Python was started with (not an import, not a REPL)."""
+    main = sys.modules.get("__main__")
+    return getattr(function, "__module__", None) == "__main__" and getattr(main, "__file__", None) is not None
