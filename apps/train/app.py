@@ -365,11 +365,13 @@ def run(options, comm) -> dict:
         check_allreduce(comm, config.allreduce, is_gpu=arch.is_gpu, zero_stage=config.zero)   # --backend auto
         # arch.auto chose the backend on every rank together: every rank raises the same message
         check_bf16(config, is_gpu=arch.is_gpu)
-        output = prepare_output(comm, arch, config)   # checks every output path first (environment.json follows in Simulation.run)
         data = load_data(config, comm)
         if config.batch_size > data.source.n_samples:
             raise ConfigurationError(f"--batch-size {config.batch_size} exceeds the {data.source.n_samples} "
                                      "training samples; use a smaller global batch")
+        # Every option accepted: check the output paths and lock the directories (environment.json
+        # follows in Simulation.run).
+        output = prepare_output(comm, arch, config)
         if uses_split_model(config):
             model = build_split_model(config, comm, arch, data)
             # The grid is left out: a checkpoint holds the unsplit model and restarts on any D x T x P
