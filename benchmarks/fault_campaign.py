@@ -101,7 +101,7 @@ def two_jobs_campaign(name, scenario, reference, run_seconds, n_records, rng, wo
     for index, (kind, delay, after, extra) in enumerate(trials):
         out = work / f"{kind}-{index:03d}"
         if kind in ("together", "running"):
-            result = two_jobs(scenario, out, reference, delay, after)
+            result = two_jobs(scenario, out, reference, delay, after, kind=kind)
         elif kind == "requeue-wait":
             result = requeue_with_wait(scenario, out, reference, after, stop=extra)
         else:

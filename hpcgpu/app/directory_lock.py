@@ -90,6 +90,16 @@ def machine_identity() -> tuple[str, str | None, str | None]:
     return socket.gethostname(), _read_text("/proc/sys/kernel/random/boot_id"), namespace
 
 
+def batch_job() -> str | None:
+    """The batch job this process belongs to (``"Slurm job 4242"``, with ``(requeued 2x)`` after a
+    Slurm requeue); None outside one."""
+    job = next((f"{name} {os.environ[variable]}" for variable, name in JOB_VARIABLES
+                if os.environ.get(variable)), None)
+    if job and os.environ.get("SLURM_RESTART_COUNT", "0") not in ("", "0"):
+        job += f" (requeued {os.environ['SLURM_RESTART_COUNT']}x)"
+    return job
+
+
 def program_name() -> str:
     """The running program as a user starts it: ``apps.stencil`` or ``gray_scott.py``."""
     main = sys.modules.get("__main__")
@@ -124,13 +134,9 @@ class Holder:
     def this_process(cls, heartbeat_seconds: float = HEARTBEAT_SECONDS,
                      stale_seconds: float = STALE_SECONDS) -> "Holder":
         host, boot_id, namespace = machine_identity()
-        job = next((f"{name} {os.environ[variable]}" for variable, name in JOB_VARIABLES
-                    if os.environ.get(variable)), None)
-        if job and os.environ.get("SLURM_RESTART_COUNT", "0") not in ("", "0"):
-            job += f" (requeued {os.environ['SLURM_RESTART_COUNT']}x)"
         since = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
         return cls(host=host, pid=os.getpid(), process_start=process_start(os.getpid()), boot_id=boot_id,
-                   pid_namespace=namespace, job=job, program=program_name(), since=since,
+                   pid_namespace=namespace, job=batch_job(), program=program_name(), since=since,
                    token=uuid.uuid4().hex, heartbeat_seconds=float(heartbeat_seconds),
                    stale_seconds=float(stale_seconds))
 
@@ -409,7 +415,7 @@ def refusal(flag: str, directory: Path, state: LockState, waited: float | None) 
         who = f"another job (its lock file {lock} is incomplete or unreadable)"
     else:
         who = state.holder.describe()
-        this_job = Holder.this_process().job
+        this_job = batch_job()
         if this_job and state.holder.job and state.holder.job.split(" (")[0] == this_job.split(" (")[0]:
             who += " (an earlier instance of this same batch job)"
     if waited is None:
@@ -497,7 +503,8 @@ def hold_run_directories(comm, directories: dict, wait_seconds: float | None = N
         try:
             problem, notes = _acquire_all(directories, wait_seconds)
         except OSError as exc:
-            problem = f"cannot lock {', '.join(map(str, directories.values()))} for this job: {exc}"
+            problem = (f"cannot create the lock file of {', '.join(map(str, directories.values()))}: {exc}; "
+                       "each of these directories must be writable by this job")
         for note in notes:
             print(f"note: {note}", flush=True)
     # The other ranks wait for rank 0 without spinning a CPU (a long --wait-for-lock): a non-blocking
@@ -523,5 +530,5 @@ def held_directories() -> list[Path]:
 
 
 __all__ = ["DirectoryLock", "HEARTBEAT_SECONDS", "Holder", "LOCK_NAME", "LockState", "POLL_SECONDS",
-           "STALE_SECONDS", "file_system_now", "held_directories", "hold_run_directories", "inspect",
+           "STALE_SECONDS", "batch_job", "file_system_now", "held_directories", "hold_run_directories", "inspect",
            "release_run_directories"]

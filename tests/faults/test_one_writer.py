@@ -1,5 +1,6 @@
 """One writer per run directory, with whole jobs: two jobs started on one directory, a requeue while the
-first still runs (with and without ``--wait-for-lock``), a holder killed with -9 followed by a new job.
+first still runs (without ``--wait-for-lock`` it is refused like any second job; with it, it follows), a
+holder killed with -9 followed by a new job, and every app refusing a directory another job holds.
 
 Each case: the file ends equal to the uninterrupted run's (no record of zeros, none of another job), the
 newest checkpoint is the final step and all belong to one run, and exactly one job wrote at a time (the
@@ -9,12 +10,14 @@ other was refused with exit 2 naming the holder, or followed it). ``benchmarks/f
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 import time
 
 import pytest
 
+from hpcgpu.app.directory_lock import LOCK_NAME
 from hpcgpu.launch import run_mpi
 from tests.faults.scenarios import ROOT, SCENARIOS, reference_contents
 from tests.faults.two_jobs import REFUSED, killed_holder_then_new_job, requeue_with_wait, two_jobs
@@ -48,22 +51,46 @@ def test_two_jobs_on_one_directory_one_writes_the_other_is_refused(tmp_path, ref
     assert sorted(result.exits) == [0, 2], result.as_dict()   # they overlapped: one was refused
 
 
-def test_two_md_jobs_on_one_directory_keep_the_trajectory_whole(tmp_path, references):
-    result = two_jobs(SCENARIOS["md-h5md"], tmp_path / "out", references("md-h5md"), 2.0)
+def test_a_requeued_job_with_wait_for_lock_follows_its_first_instance(tmp_path, references):
+    """The first instance is stopped by SIGTERM (checkpoint, exit 75) while the second waits; the second
+    continues from that checkpoint to the uninterrupted run's file."""
+    result = requeue_with_wait(SCENARIOS["stencil-channel"], tmp_path / "out", references("stencil-channel"), 4,
+                               stop=True)
     assert result.passed, result.as_dict()
 
 
-@pytest.mark.parametrize("stop", [True, False], ids=["first-stopped-by-sigterm", "first-runs-to-its-end"])
-def test_a_requeued_job_with_wait_for_lock_follows_its_first_instance(tmp_path, references, stop):
-    result = requeue_with_wait(SCENARIOS["stencil-channel"], tmp_path / "out", references("stencil-channel"), 4, stop)
+def test_a_holder_killed_with_sigkill_does_not_block_the_next_job(tmp_path, references):
+    result = killed_holder_then_new_job(SCENARIOS["user-model"], tmp_path / "out", references("user-model"), 0.02,
+                                        0, after_records=5)
     assert result.passed, result.as_dict()
 
 
-@pytest.mark.parametrize("name,target,after_records", [("stencil-channel", "all", 3), ("user-model", 0, 5)])
-def test_a_holder_killed_with_sigkill_does_not_block_the_next_job(tmp_path, references, name, target, after_records):
-    result = killed_holder_then_new_job(SCENARIOS[name], tmp_path / "out", references(name), 0.02, target,
-                                        after_records)
-    assert result.passed, result.as_dict()
+LIVE_LOCK = {  # a lock file as a job on another node writes it (heartbeat fresh)
+    "host": "other-node", "pid": 4242, "process_start": "1", "boot_id": "elsewhere", "pid_namespace": None,
+    "job": "Slurm job 77", "program": "apps.stencil", "since": "2026-12-07T01:00:00+00:00", "token": "t",
+    "heartbeat_seconds": 30.0, "stale_seconds": 600.0}
+
+APPS = {
+    "apps.stencil": ["-m", "apps.stencil", "--nx", "32", "--ny", "16", "--steps", "3"],
+    "apps.md": ["-m", "apps.md", "--cells", "4", "--backend", "numpy", "--steps", "3"],
+    "apps.train": ["-m", "apps.train", "--steps", "2"],
+    "user-model": ["examples/gray_scott.py", "--n", "32", "--steps", "3"],
+}
+
+
+@pytest.mark.parametrize("app", sorted(APPS))
+def test_every_app_refuses_a_held_directory_in_one_line_and_leaves_it_as_it_was(tmp_path, app):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_NAME).write_text(json.dumps(LIVE_LOCK))
+    before = sorted(p.name for p in out.rglob("*"))
+    result = run_mpi(2, [sys.executable, *APPS[app], "--quiet", "--output", str(out)], timeout=180,
+                     env=SCENARIOS["user-model"].environment(), cwd=str(ROOT))
+    assert result.returncode == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"--output {out} {REFUSED}: apps.stencil on host other-node, pid 4242, " \
+        "Slurm job 77, since 2026-12-07 01:00:00 UTC" in lines[0], lines
+    assert sorted(p.name for p in out.rglob("*")) == before
 
 
 def test_a_second_job_asking_for_the_same_checkpoint_directory_is_refused(tmp_path, references):
@@ -77,8 +104,9 @@ def test_a_second_job_asking_for_the_same_checkpoint_directory_is_refused(tmp_pa
         faults.wait_for_ranks(first, scenario.n_ranks)
         while not (tmp_path / "out" / "swe.nc").exists() and first.poll() is None:
             time.sleep(0.01)   # the first job holds the directories once it writes
-        second = run_mpi(2, [sys.executable, "-m", "apps.stencil", "--nx", "32", "--ny", "16", "--steps", "5", "--quiet",
-                             "--output", str(tmp_path / "other"), "--checkpoint-dir", str(tmp_path / "out" / "checkpoints")],
+        second = run_mpi(2, [sys.executable, "-m", "apps.stencil", "--nx", "32", "--ny", "16", "--steps", "5",
+                             "--quiet", "--output", str(tmp_path / "other"),
+                             "--checkpoint-dir", str(tmp_path / "out" / "checkpoints")],
                          timeout=120, env=scenario.environment(), cwd=str(ROOT))
     finally:
         assert faults.finish(first, 300) == 0

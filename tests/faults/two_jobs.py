@@ -133,9 +133,10 @@ def final_step(scenario: Scenario) -> int:
 
 
 def two_jobs(scenario: Scenario, out: Path, reference: dict, delay: float, after_records: int = 0,
-             timeout: float = 300.0) -> TwoJobsResult:
+             timeout: float = 300.0, kind: str | None = None) -> TwoJobsResult:
     """Start the scenario's command, then the same command again ``delay`` s later (after the file
-    counted ``after_records`` records, when given: netCDF scenarios); both write to ``out``.
+    counted ``after_records`` records, when given: netCDF scenarios); both write to ``out``. ``kind``
+    names the trial in the result (default ``"running"`` with ``after_records``, else ``"together"``).
 
     One job must end with 0 and the other be refused with exit 2 naming the holder, or, when the second
     came after the first had ended, both end with 0 (one after the other; the second continues the
@@ -162,7 +163,8 @@ def two_jobs(scenario: Scenario, out: Path, reference: dict, delay: float, after
         if not one_writer:
             detail.append(f"exits {exits}: {texts[0][-200:]} | {texts[1][-200:]}")
     equal, zeros, checkpoints_ok, more = _check_directory(scenario, out, reference, final_step(scenario))
-    return TwoJobsResult(scenario.name, "running" if after_records else "together", delay, after_records, exits,
+    kind = kind or ("running" if after_records else "together")
+    return TwoJobsResult(scenario.name, kind, delay, after_records, exits,
                          one_writer, equal, zeros, checkpoints_ok, "; ".join(filter(None, [*detail, more])))
 
 
