@@ -132,9 +132,17 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="hpcgpu-fault-campaign-"))
     summaries = []
+
+    def write_json():
+        if args.json:
+            args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "machine": platform.node(),
+                                             "processor": platform.processor(), "seed": args.seed,
+                                             "scenarios": summaries}, indent=1))
+
     for index, name in enumerate(args.only or list(SCENARIOS)):
         summaries.append(campaign(name, args.kills, args.seed + index, work / name, args.two_jobs, args.requeues,
                                   args.stale_kills))
+        write_json()   # after each scenario: a campaign stopped early keeps what it finished
     print()
     if args.kills:
         print(f"{'scenario':16s} {'file':16s} {'survived':>10s} {'restart equal':>14s}")
@@ -151,10 +159,6 @@ def main(argv=None) -> int:
                   f"{sum(2 in r['exits'] for r in rows):7d} {sum(r['one_writer'] for r in rows):10d} "
                   f"{sum(r['file_equal'] for r in rows):10d} {sum(r['zero_records'] for r in rows):12d} "
                   f"{sum(r['checkpoints_ok'] for r in rows):14d}")
-    if args.json:
-        args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "machine": platform.node(),
-                                         "processor": platform.processor(), "seed": args.seed,
-                                         "scenarios": summaries}, indent=1))
     kills_ok = all(s["survived"] == s["tried"] == s["restart_equal"] for s in summaries)
     return 0 if kills_ok and all(r["passed"] for _, r in concurrent) else 1
 
