@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcgpu.app.directory_lock import LOCK_NAME
 from hpcgpu.testing import faults
 from tests.faults.scenarios import ROOT, Scenario, header_count
 
@@ -109,6 +110,13 @@ def _wait_for_records(scenario: Scenario, out: Path, job, records: int, timeout:
         time.sleep(0.005)
 
 
+def _wait_for_lock_file(out: Path, job, timeout: float = 120.0) -> None:
+    """Until ``job`` holds ``out`` (its lock file exists), ends or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while not (out / LOCK_NAME).exists() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def _check_directory(scenario: Scenario, out: Path, reference: dict, final_step: int) -> tuple[bool, int, bool, str]:
     detail = []
     try:
@@ -180,6 +188,7 @@ def requeue_with_wait(scenario: Scenario, out: Path, reference: dict, after_reco
     env, command = scenario.environment(), scenario.command(out)
     first = faults.start_job(scenario.n_ranks, command, env=env, cwd=str(ROOT), log=logs[0])
     faults.wait_for_ranks(first, scenario.n_ranks)
+    _wait_for_lock_file(out, first)   # a requeue comes after the first instance took the directory
     _wait_for_records(scenario, out, first, after_records)
     second = faults.start_job(scenario.n_ranks, [*command, "--wait-for-lock"], env=env, cwd=str(ROOT), log=logs[1])
     deadline = time.monotonic() + 120
@@ -214,7 +223,7 @@ def killed_holder_then_new_job(scenario: Scenario, out: Path, reference: dict, d
     time.sleep(delay)
     faults.kill_ranks(first, target, signal.SIGKILL)
     first_exit = faults.finish(first, timeout)
-    left = (out / ".hpcgpu.lock").exists()
+    left = (out / LOCK_NAME).exists()
     second = faults.start_job(scenario.n_ranks, command, env=env, cwd=str(ROOT), log=logs[1])
     exits = (first_exit, faults.finish(second, timeout))
     text = _log_text(logs[1])
