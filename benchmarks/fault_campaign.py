@@ -96,7 +96,7 @@ def two_jobs_campaign(name, scenario, reference, run_seconds, n_records, rng, wo
         if netcdf:
             trials.append(("killed", rng.uniform(0.0, 0.05), rng.randint(1, n_records - 1), target))
         else:
-            trials.append(("killed", rng.uniform(1.0, run_seconds), 0, target))
+            trials.append(("killed", rng.uniform(1.0, max(1.5, run_seconds / 2)), 0, target))   # while it runs
     results = []
     for index, (kind, delay, after, extra) in enumerate(trials):
         out = work / f"{kind}-{index:03d}"
