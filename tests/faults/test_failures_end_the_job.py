@@ -178,7 +178,8 @@ def test_a_refused_run_leaves_the_directory_as_it_was(tmp_path):
 
 REFUSED_RUNS = {   # refused after parsing: by the app's own checks, or by the restart (after the directories are made)
     "md-cells-0": (["-m", "apps.md", "--cells", "0"], "--cells '0'"),
-    "md-temperature-negative": (["-m", "apps.md", "--cells", "4", "--temperature", "-1"], "expected a temperature >= 0"),
+    "md-temperature-negative": (["-m", "apps.md", "--cells", "4", "--temperature", "-1"],
+                                "expected a temperature >= 0"),
     "train-batch-too-large": (["-m", "apps.train", "--batch-size", "100000000"], "exceeds the"),
     "stencil-missing-restart": ([*STENCIL, "--restart", "/nonexistent/ckpt_000000010"], "file is missing"),
     "user-model-missing-restart": (["examples/gray_scott.py", "--n", "32", "--restart", "/nonexistent/ckpt_000000010"],
