@@ -33,6 +33,14 @@ class DecompositionError(ConfigurationError):
     """A domain decomposition cannot be built for the requested grid and ranks."""
 
 
+class DirectoryLockedError(ConfigurationError):
+    """Another job holds the run's output or checkpoint directory (:mod:`hpcgpu.app.directory_lock`).
+
+    Raised on every rank, before anything is written; exit code 2. The message names the holder
+    (program, host, process id, batch job, since when) and the lock file.
+    """
+
+
 class HaloError(HpcgpuError):
     """A halo exchange was asked for something it cannot do (ghost width too large, mixed dtypes)."""
 

@@ -328,6 +328,17 @@ _hpcgpu_bad_nodes() {
     fi
 }
 
+# _hpcgpu_wait_for_lock APP-ARGS: true for a requeued run or a follow-up job (unless the app flags already
+# say --wait-for-lock). Such a run may start while the job before it still holds the run directory (a
+# node Slurm took for lost; a hung job whose rank 0 was not told): the app then waits for it, at most
+# HPCGPU_LOCK_WAIT seconds (a dead holder on another node is proven dead after 600 s), instead of being
+# refused (docs/reliability.md, "One job per run directory").
+HPCGPU_LOCK_WAIT=${HPCGPU_LOCK_WAIT:-900}
+_hpcgpu_wait_for_lock() {
+    case " $* " in *" --wait-for-lock"*) return 1 ;; esac
+    [ "${SLURM_RESTART_COUNT:-0}" != 0 ] || [ "$HPCGPU_FOLLOWUP" != 0 ]
+}
+
 # _hpcgpu_move_on check|hang: submit a follow-up job without the bad nodes, in the same run directory,
 # continuing from the newest checkpoint there; it starts when this job has ended (afterany). Returns 0
 # when one was submitted.
@@ -403,6 +414,7 @@ hpcgpu_run() {
     if [ "$HPCGPU_FOLLOWUP" != 0 ] && compgen -G "$HPCGPU_RUN_DIR/checkpoints/ckpt_*[0-9]" >/dev/null; then
         set -- --restart latest "$@"   # a follow-up job continues where the one before it stopped
     fi
+    _hpcgpu_wait_for_lock "$@" && set -- --wait-for-lock "$HPCGPU_LOCK_WAIT" "$@"
     rm -f "$HPCGPU_RUN_DIR/hang.json"
     hpcgpu_log "launch: ${HPCGPU_LAUNCH[*]}${HPCGPU_RANK_WRAPPER:+ [bind wrapper]}${HPCGPU_CONTAINER:+ [$HPCGPU_CONTAINER_RUNTIME $HPCGPU_CONTAINER]} $HPCGPU_PYTHON -m $app $*"
     "${HPCGPU_LAUNCH[@]}" "${HPCGPU_RANK_WRAPPER[@]}" "${HPCGPU_CONTAINER_EXEC[@]}" "$HPCGPU_PYTHON" -m "$app" "$@"
@@ -478,6 +490,7 @@ hpcgpu_run_preemptible() {
     else
         hpcgpu_log "no checkpoint in $HPCGPU_RUN_DIR/checkpoints yet: starting from the beginning"
     fi
+    _hpcgpu_wait_for_lock "$@" && set -- --wait-for-lock "$HPCGPU_LOCK_WAIT" "$@"
     if [ "$_hpcgpu_signal_pending" = 1 ] || [ "$_hpcgpu_got_term" = 1 ]; then
         # Stopped before the app started (e.g. a requeued run that began near its time limit): the
         # newest checkpoint is still the state to continue from.

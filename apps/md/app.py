@@ -216,10 +216,11 @@ def run(options, comm) -> dict:
     estimate = memory_estimate(options, config, comm.size, arch.is_gpu)
     if estimate is not None:
         refuse_if_too_large(comm, "apps.md", estimate, "use fewer --cells, more ranks or nodes, or --precision fp32")
-    # Checks every output path (--write-data too) before the run, so its results are never lost at the end.
-    output = prepare_output(comm, arch, options, files={"--write-data": options.write_data})
     setup_started = time.perf_counter()
-    state, atoms, config = build_state(comm, arch, options, config)
+    state, atoms, config = build_state(comm, arch, options, config)   # refuses a bad lattice, temperature, data file
+    # Only now, with every option accepted: check every output path (--write-data too), so the results
+    # are never lost at the end, and lock the output and checkpoint directories for this job.
+    output = prepare_output(comm, arch, options, files={"--write-data": options.write_data})
     model = LennardJonesModel(comm, arch, state, atoms, config, options, final_step=steps,
                               setup_seconds=time.perf_counter() - setup_started)
     operations = [ThermoOutput(model)]

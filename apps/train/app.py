@@ -391,11 +391,13 @@ def run(options, comm) -> dict:
         if estimate is not None:
             refuse_if_too_large(comm, "apps.train", estimate, "use a smaller --width, --depth or --hidden, or split "
                                 "the model over more ranks (--tensor-parallel, --pipeline-parallel)")
-        output = prepare_output(comm, arch, config)   # checks every output path first (environment.json follows in Simulation.run)
         data = load_data(config, comm)
         if config.batch_size > data.source.n_samples:
             raise ConfigurationError(f"--batch-size {config.batch_size} exceeds the {data.source.n_samples} "
                                      "training samples; use a smaller global batch")
+        # Every option accepted: check the output paths and lock the directories (environment.json
+        # follows in Simulation.run).
+        output = prepare_output(comm, arch, config)
         if uses_split_model(config):
             model = build_split_model(config, comm, arch, data)
             # The grid is left out: a checkpoint holds the unsplit model and restarts on any D x T x P

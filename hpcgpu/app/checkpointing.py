@@ -40,7 +40,7 @@ STOP_CHECK_EVERY = 10
 #: between a run and its restart without changing the model or the layout of its state.
 RESTART_INDEPENDENT_OPTIONS = frozenset({
     # how long, where, how loud, on what hardware
-    "config", "backend", "steps", "days", "quiet", "bind_cpus", "output", "summary",
+    "config", "backend", "steps", "days", "quiet", "bind_cpus", "output", "summary", "wait_for_lock",
     # checkpointing itself
     "checkpoint_every", "checkpoint_dir", "restart", "keep", "async_checkpoint", "wall_time_limit",
     "share_checkpoint_dir",

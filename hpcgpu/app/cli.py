@@ -220,6 +220,10 @@ def common_parser(prog: str, description: str, rank: int = 0, default_steps: int
     out = parser.add_argument_group("output")
     out.add_argument("--output", metavar="DIR", default="output", help="directory for results [output]")
     out.add_argument("--summary", metavar="FILE.json", help="write the run summary as JSON")
+    out.add_argument("--wait-for-lock", type=positive_float, nargs="?", const=math.inf, default=None,
+                     metavar="SECONDS",
+                     help="when another job holds --output or the checkpoint directory, wait until it ends "
+                          "(at most SECONDS; no limit without a value) instead of refusing (docs/reliability.md)")
     ckpt = parser.add_argument_group("checkpoint / restart")
     ckpt.add_argument("--checkpoint-every", type=non_negative_int, default=0, metavar="N",
                       help="write a checkpoint every N steps (0: only at the end of an interrupted run) [0]")

@@ -10,6 +10,7 @@ from pathlib import Path
 import hpcgpu
 from hpcgpu import provenance
 from hpcgpu.app.cli import FrozenOptions
+from hpcgpu.app.directory_lock import LOCK_NAME, hold_run_directories
 from hpcgpu.runtime.fault_injection import maybe_fail
 from hpcgpu.app.jsonio import write_json
 from hpcgpu.errors import ConfigurationError
@@ -109,6 +110,11 @@ def output_path_problems(paths: dict) -> list[str]:
     return problems
 
 
+def checkpoint_directory(options) -> Path:
+    """Where the run's checkpoints go: ``--checkpoint-dir``, by default ``OUTPUT/checkpoints``."""
+    return Path(getattr(options, "checkpoint_dir", None) or Path(options.output) / "checkpoints")
+
+
 def check_output_paths(comm, options, files: dict | None = None) -> None:
     """Collective: raise the same ConfigurationError on every rank if an output path is unusable.
 
@@ -118,8 +124,7 @@ def check_output_paths(comm, options, files: dict | None = None) -> None:
     outputs are written by rank 0, and the parallel file system is shared) and broadcasts the result.
     """
     output = Path(options.output)
-    checkpoints = getattr(options, "checkpoint_dir", None) or output / "checkpoints"
-    paths = {"--output": (output, "dir"), "--checkpoint-dir": (checkpoints, "dir"),
+    paths = {"--output": (output, "dir"), "--checkpoint-dir": (checkpoint_directory(options), "dir"),
              "--summary": (getattr(options, "summary", None), "file")}
     paths.update({flag: (path, "file") for flag, path in (files or {}).items()})
     problems = output_path_problems(paths) if comm.rank == 0 else None
@@ -130,20 +135,33 @@ def check_output_paths(comm, options, files: dict | None = None) -> None:
 
 
 def prepare_output(comm, arch, options, files: dict | None = None) -> Path:
-    """Collective: check the output paths and create ``options.output`` (rank 0); returns the directory.
+    """Collective: check the output paths, then lock ``--output`` and the checkpoint directory for this
+    job (creating them); returns the output directory.
 
-    Raises :class:`~hpcgpu.errors.ConfigurationError` on every rank when ``--output``, the checkpoint
-    directory, ``--summary`` or one of ``files`` (``{"--write-data": path}``) cannot be written (see
-    :func:`check_output_paths`). Nothing is written yet: ``environment.json`` follows once the run has
-    passed every check (:func:`write_environment`, called by the simulation driver), so a refused run
-    leaves the directory as it was. ``arch`` is accepted for symmetry with :func:`write_environment`.
+    Every app calls this once it has validated its own options, before it writes anything. The locks
+    (:mod:`hpcgpu.app.directory_lock`) are held until the job ends (:func:`hpcgpu.app.main.run_app`
+    releases them on every way out); with ``--wait-for-lock[=SECONDS]`` (``options.wait_for_lock``) a
+    directory held by another job is waited for instead of refused.
+
+    Raises
+    ------
+    ConfigurationError
+        On every rank when ``--output``, the checkpoint directory, ``--summary`` or one of ``files``
+        (``{"--write-data": path}``) cannot be written (see :func:`check_output_paths`).
+    DirectoryLockedError
+        On every rank when another job holds ``--output`` or the checkpoint directory.
+
+    Nothing is written yet but the locks: ``environment.json`` follows once the run has passed every
+    check (:func:`write_environment`, called by the simulation driver), and a directory made here is
+    removed again when the job ends with it empty, so a refused run leaves no trace. ``arch`` is
+    accepted for symmetry with :func:`write_environment`.
     """
     del arch
     maybe_fail("output", comm.rank)
     check_output_paths(comm, options, files)
     output = Path(options.output)
-    if comm.rank == 0:
-        output.mkdir(parents=True, exist_ok=True)
+    hold_run_directories(comm, {"--output": output, "--checkpoint-dir": checkpoint_directory(options)},
+                         wait_seconds=getattr(options, "wait_for_lock", None))
     return output
 
 
@@ -166,7 +184,8 @@ def files_written(output, summary=None, checkpoint_dir=None, checkpoints_written
     file and the checkpoint directory when checkpoints were written there.
     """
     output = Path(output)
-    names = sorted(p.name + ("/" if p.is_dir() else "") for p in output.iterdir()) if output.is_dir() else []
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in output.iterdir()
+                   if not p.name.startswith(LOCK_NAME)) if output.is_dir() else []
     shown = ", ".join(names[:12]) + (f", ... ({len(names)} entries)" if len(names) > 12 else "")
     lines = [f"output: {output}/ ({shown})" if names else f"output: {output}/"]
     if summary:

@@ -15,6 +15,7 @@ import warnings
 
 import hpcgpu
 from hpcgpu.app.cli import parse_args
+from hpcgpu.app.directory_lock import release_run_directories
 from hpcgpu.errors import ConfigurationError, OutputError, rank_prefix, replicated
 from hpcgpu.runtime.abort import EXIT_USAGE, RANK_VARIABLES, exit_without_teardown, launcher_rank  # noqa: F401
 from hpcgpu.runtime.fault_injection import check_request as check_fault_request, maybe_fail
@@ -106,6 +107,8 @@ def run_app(name: str, build_parser, run, argv=None) -> int:
     """Parse ``argv`` with ``build_parser(rank)`` and call ``run(options, comm)`` under ``abort_on_error``.
 
     Returns the process exit code (0); errors end the job as described in :mod:`hpcgpu.runtime.abort`.
+    The run directories locked by :func:`hpcgpu.app.environment.prepare_output` are released on every
+    way out (:func:`hpcgpu.app.directory_lock.release_run_directories`), before ``MPI_Abort`` too.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if os.environ.get(PARSE_ONLY_VARIABLE) == "1":
@@ -118,11 +121,16 @@ def run_app(name: str, build_parser, run, argv=None) -> int:
     show_user_warnings_in_one_line()
     try:
         with hpcgpu.abort_on_error(comm):
-            options = parse_on_every_rank(comm, build_parser, argv)
-            if handle_profile_flag(comm, options, name, argv):
-                return 0  # --profile: printed the nsys command
-            maybe_fail("setup", comm.rank)
-            run(options, comm)
+            try:
+                options = parse_on_every_rank(comm, build_parser, argv)
+                if handle_profile_flag(comm, options, name, argv):
+                    return 0  # --profile: printed the nsys command
+                maybe_fail("setup", comm.rank)
+                run(options, comm)
+            finally:
+                # On every way out (the end, exit 2/74/75, an error before MPI_Abort): the next job
+                # on these directories need not wait for this one's lock to go stale.
+                release_run_directories()
     except SystemExit as exc:
         if exc.code in (EXIT_USAGE, OutputError.exit_code):
             exit_without_teardown(exc.code)   # every rank ends here together (see abort_on_error)

@@ -6,7 +6,8 @@
 - an exception on one rank at any phase (``HPCGPU_INJECT_FAULT``): the job ends within seconds and
   says which rank;
 - a corrupt output file: the restart refuses it with a message instead of a traceback;
-- a run refused because its output directory holds another run's file leaves the directory as it was;
+- a run refused because its output directory holds another run's file leaves the directory as it was, and a
+  refused run creates no directory;
 - no MPI library: one line.
 """
 
@@ -195,6 +196,27 @@ def test_a_refused_run_leaves_the_directory_as_it_was(tmp_path):
     assert second.returncode == 2 and "already exists" in second.output, second.output
     after = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in tmp_path.iterdir() if p.is_file()}
     assert after == before
+
+
+REFUSED_RUNS = {   # refused after parsing: by the app's own checks, or by the restart (after the directories are made)
+    "md-cells-0": (["-m", "apps.md", "--cells", "0"], "--cells '0'"),
+    "md-temperature-negative": (["-m", "apps.md", "--cells", "4", "--temperature", "-1"],
+                                "expected a temperature >= 0"),
+    "train-batch-too-large": (["-m", "apps.train", "--batch-size", "100000000"], "exceeds the"),
+    "stencil-missing-restart": ([*STENCIL, "--restart", "/nonexistent/ckpt_000000010"], "file is missing"),
+    "user-model-missing-restart": (["examples/gray_scott.py", "--n", "32", "--restart", "/nonexistent/ckpt_000000010"],
+                                   "file is missing"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_RUNS))
+def test_a_refused_run_creates_no_directory(tmp_path, case):
+    args, message = REFUSED_RUNS[case]
+    out = tmp_path / "new" / "out"
+    result = run_mpi(2, [sys.executable, *args, "--quiet", "--output", str(out)], timeout=120, env=environment(),
+                     cwd=str(ROOT))
+    assert result.returncode == 2 and message in result.output, result.output
+    assert not (tmp_path / "new").exists(), sorted(str(p) for p in (tmp_path / "new").rglob("*"))
 
 
 def test_a_corrupt_snapshot_file_is_refused_on_restart_with_a_message(tmp_path):
