@@ -152,10 +152,14 @@ def test_a_changed_model_option_is_refused_on_restart_but_a_declared_one_is_not(
 
 
 def test_every_example_is_run_by_a_test():
-    """Each examples/NAME.py runs in CI: it is a case above or has its own tests/examples/test_NAME.py."""
-    own_tests = {path.name for path in Path(__file__).parent.glob("test_*.py")}
+    """Each examples/NAME.py runs in CI: it is a case above, has its own tests/examples/test_NAME.py, or a
+    test here runs it (``run_example("NAME", ...)``)."""
+    test_files = sorted(Path(__file__).parent.glob("test_*.py"))
+    own_tests = {path.name for path in test_files}
+    sources = "\n".join(path.read_text() for path in test_files)
     unrun = [path.name for path in sorted(EXAMPLES.glob("*.py"))
-             if path.stem not in CASES and f"test_{path.stem}.py" not in own_tests]
+             if path.stem not in CASES and f"test_{path.stem}.py" not in own_tests
+             and f'run_example("{path.stem}"' not in sources]
     assert not unrun, f"examples without a test: {unrun}; add a case to CASES or tests/examples/test_NAME.py"
 
 
