@@ -22,10 +22,15 @@ time, batch job id, since when). Why and how, in short (``docs/reliability.md`` 
   :data:`HEARTBEAT_SECONDS`, and the lock is stale once that time is older than the holder's
   ``stale_seconds`` (:data:`STALE_SECONDS`), measured on the file system's clock (the modification time
   of a probe file created just then), so clock differences between nodes do not count.
-- **Breaking a stale lock** -- renamed to a unique name (atomic; of two jobs that break it together one
-  wins), read back, and deleted only if it is the lock that was judged stale; anything else (a live
-  lock that another job took in between) is put back. A lock whose content is not this job's is never
-  deleted, on release either.
+- **Breaking a stale lock** -- one job at a time: the breaker first takes a second lock file,
+  ``DIR/.hpcgpu.lock.break``, the same way (written whole, hard-linked), then reads the lock again and
+  deletes it only if it still holds the content that was judged stale, and drops the break lock. So of
+  several jobs that find the same dead holder, exactly one removes its lock and one (not necessarily the
+  same) takes the directory; a lock taken in between is never touched. (Renaming the lock aside and
+  putting back a live one, as an earlier design did, leaves a moment without a lock in which a third job
+  can take the directory: two holders.) A break lock is held for milliseconds; one left by a breaker
+  that died is stale as soon as its process is gone on its machine, or :data:`BREAK_STALE_SECONDS` old
+  elsewhere. A lock whose content is not this job's is never deleted, on release either.
 """
 
 from __future__ import annotations
@@ -53,6 +58,10 @@ HEARTBEAT_SECONDS = 30.0
 #: A holder on another machine is dead once its heartbeat is older than this (seconds): ten missed
 #: heartbeats, room for a rank 0 that holds Python's GIL for minutes (a long compilation, a large write).
 STALE_SECONDS = 600.0
+#: A break lock (held for milliseconds while a stale lock is removed) is stale after this many seconds.
+BREAK_STALE_SECONDS = 60.0
+#: Seconds to wait before looking again when another job is breaking the same stale lock.
+BREAK_WAIT_SECONDS = 0.05
 #: Seconds between two looks at a held lock while waiting for it (``--wait-for-lock``).
 POLL_SECONDS = 1.0
 #: Environment variables that name the batch job a process belongs to, with the scheduler's name.
@@ -222,6 +231,20 @@ def inspect(path: Path) -> LockState:
     return LockState(content, holder, True)
 
 
+def _remove_if_unchanged(path: Path, expected: bytes) -> bool:
+    """Delete ``path`` if it holds ``expected``; True if it did. Only safe where nobody else may delete or
+    replace ``path`` between the read and the unlink: the holder for its own lock, a breaker holding the
+    break lock for a stale lock, or a stale break lock (whose content is unique to its dead breaker)."""
+    try:
+        with open(path, "rb") as handle:
+            if handle.read() != expected:
+                return False
+        path.unlink()
+        return True
+    except FileNotFoundError:
+        return False
+
+
 class DirectoryLock:
     """The lock of one directory, taken and released by one process (rank 0 of a job).
 
@@ -291,8 +314,10 @@ class DirectoryLock:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._created = missing   # deepest first
 
-    def _create(self, holder: Holder) -> bool:
-        """Create the lock file holding ``holder``; False when it exists already."""
+    def _create(self, holder: Holder, path: Path | None = None) -> bool:
+        """Create the lock file ``path`` (default: this directory's lock) holding ``holder``; False when it
+        exists already."""
+        path = self.path if path is None else path
         content = holder.to_bytes()
         unique = self.directory / f"{LOCK_NAME}.{holder.token}"
         with open(unique, "wb") as handle:
@@ -301,24 +326,25 @@ class DirectoryLock:
             os.fsync(handle.fileno())
         try:
             try:
-                os.link(unique, self.path)
+                os.link(unique, path)
             except FileExistsError:
                 pass
             except OSError as exc:
                 if exc.errno not in _NO_LINKS:
                     raise
-                return self._create_exclusive(content)
+                return self._create_exclusive(path, content)
             # The link count decides, not link()'s answer: over NFS a retransmitted LINK can report
             # EEXIST for the link it made itself.
             return os.stat(unique).st_nlink == 2
         finally:
             unique.unlink(missing_ok=True)
 
-    def _create_exclusive(self, content: bytes) -> bool:
+    @staticmethod
+    def _create_exclusive(path: Path, content: bytes) -> bool:
         """For file systems without hard links: ``O_CREAT | O_EXCL`` (atomic on local disks, NFSv3+, Lustre).
         A reader may see the file before it is complete; :func:`inspect` treats it as held."""
         try:
-            descriptor = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             return False
         with os.fdopen(descriptor, "wb") as handle:
@@ -327,31 +353,25 @@ class DirectoryLock:
             os.fsync(handle.fileno())
         return True
 
-    def _take_aside(self, expected: bytes) -> bool:
-        """Remove the lock file if, and only if, it holds ``expected``: renamed to a unique name first
-        (atomic), checked, then deleted; another content is put back. True if it was removed."""
-        aside = self.directory / f"{LOCK_NAME}.removing-{uuid.uuid4().hex}"
-        try:
-            os.rename(self.path, aside)
-        except FileNotFoundError:
-            return False
-        try:
-            with open(aside, "rb") as handle:
-                found = handle.read()
-            if found == expected:
-                return True
-            try:   # a lock taken since we looked: put it back
-                os.link(aside, self.path)
-            except OSError:
-                pass
-            return False
-        finally:
-            aside.unlink(missing_ok=True)
-
     def _break(self, state: LockState) -> None:
-        if self._take_aside(state.content):
-            whose = state.holder.describe() if state.holder is not None else "an unreadable lock"
-            self.notes.append(f"removed the stale lock {self.path} ({whose}): {state.why}")
+        """Remove the stale lock ``state`` saw, if it is still that lock, holding the break lock meanwhile
+        (see the module docstring); returns None. When another job holds the break lock, only waits a
+        moment (or clears a break lock whose breaker died), and the caller looks again."""
+        breaker = Holder.this_process(self.heartbeat_seconds, BREAK_STALE_SECONDS)
+        break_path = self.directory / f"{LOCK_NAME}.break"
+        if not self._create(breaker, break_path):
+            other = inspect(break_path)
+            if other.content is not None and not other.alive:
+                _remove_if_unchanged(break_path, other.content)
+            else:
+                time.sleep(BREAK_WAIT_SECONDS)
+            return
+        try:
+            if _remove_if_unchanged(self.path, state.content):
+                whose = state.holder.describe() if state.holder is not None else "an unreadable lock"
+                self.notes.append(f"removed the stale lock {self.path} ({whose}): {state.why}")
+        finally:
+            _remove_if_unchanged(break_path, breaker.to_bytes())
 
     # ------------------------------------------------------------------ holding it
     def _start_heartbeat(self) -> None:
@@ -390,7 +410,7 @@ class DirectoryLock:
             self._thread = None
         if self._content is not None:
             try:
-                self._take_aside(self._content)
+                _remove_if_unchanged(self.path, self._content)
             except OSError:
                 pass
             self._content = None

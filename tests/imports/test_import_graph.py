@@ -168,7 +168,7 @@ def test_hpcgpu_and_apps_have_no_import_cycles():
 #: the same order. The package's own ``__init__`` (``import hpcgpu``) is the public facade above all of them:
 #: it imports nothing when imported and names the public classes lazily (see the module docstring).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("errors", "provenance", "launch", "profiling", "nvml_sample")),
+    ("base", ("errors", "provenance", "locations", "launch", "profiling", "nvml_sample")),
     ("runtime", ("runtime",)),                   # Communicator, device pick by node-local rank, abort, capture
     ("architecture", ("arch",)),                 # CPU or GPU: xp, streams; built on runtime's device pick
     ("transport", ("transport",)),
