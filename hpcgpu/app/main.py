@@ -18,7 +18,7 @@ from hpcgpu.app.cli import RANK_VARIABLES, launcher_rank, parse_args  # noqa: F4
 from hpcgpu.errors import ConfigurationError, OutputError, rank_prefix, replicated
 from hpcgpu.runtime.abort import EXIT_USAGE, exit_without_teardown
 from hpcgpu.runtime.fault_injection import check_request as check_fault_request, maybe_fail
-from hpcgpu.profiling import handle_profile_flag
+from hpcgpu.observe.profiling import handle_profile_flag
 
 
 
