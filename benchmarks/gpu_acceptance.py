@@ -56,7 +56,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hpcgpu.launch import run_command  # noqa: E402 - after the path
+from hpcgpu.jobs.launch import run_command  # noqa: E402 - after the path
 from hpcgpu.provenance import git_commit  # noqa: E402
 
 SECTIONS = ("suite", "examples", "kill", "kernels", "health", "md", "train", "stencil")   # the order they run in

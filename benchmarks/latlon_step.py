@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import hpcgpu  # noqa: E402 - after the path
 from apps.stencil.app import build_parser, make_model, resolve_options, setup_architecture  # noqa: E402
-from apps.stencil.shallow_water.stage import shallow_water_stage  # noqa: E402
+from apps.stencil.swe_scheme.stage import shallow_water_stage  # noqa: E402
 from apps.stencil.sphere.polar_filter import filter_and_combine  # noqa: E402
 
 

@@ -24,7 +24,7 @@ table rows (target, measured, fraction of the goal, met):
   2 --micro-batches 4`` against the one-rank run: loss curves within the stated tolerance, step
   time, and the communication bytes the run measured against the computed volume.
 
-The MPI launcher is the test suite's (:mod:`hpcgpu.launch`: ``$HPCGPU_MPIEXEC``, else the ``mpiexec``
+The MPI launcher is the test suite's (:mod:`hpcgpu.jobs.launch`: ``$HPCGPU_MPIEXEC``, else the ``mpiexec``
 beside Python, else on ``PATH``; extra flags from ``$HPCGPU_MPIEXEC_FLAGS``; Open MPI gets
 ``--oversubscribe --bind-to none``), and a run past ``--timeout`` is killed with its process group.
 On the GPU machines keep ``NCCL_NVLS_ENABLE=0`` (and, as root, ``OMPI_ALLOW_RUN_AS_ROOT=1
@@ -51,7 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hpcgpu.launch import mpiexec_command, run_command, run_mpi  # noqa: E402 - after the path
+from hpcgpu.jobs.launch import mpiexec_command, run_command, run_mpi  # noqa: E402 - after the path
 SECTIONS = ("jacobi", "swe", "latlon", "md", "train", "network", "split")
 SIMULATE_NODES = ROOT / "jobscripts" / "mpirun" / "simulate-nodes.sh"
 

@@ -14,7 +14,7 @@ per LUP (one read, one write: the ideal for a stencil whose neighbours come from
 
 Shallow water (``--swe-size``, default 8192x4096): one SSP-RK3 step of the channel's stage kernel
 (three launches over the owned cells, the app's ``--no-overlap`` schedule without the exchange) for
-every tile shape of :mod:`apps.stencil.swe.stage_gpu`, after a bitwise check of each against the
+every tile shape of :mod:`apps.stencil.channel.stage_gpu`, after a bitwise check of each against the
 Numba kernel. One update = one cell of one step; effective bandwidth counts the fewest bytes a step
 must move, 24 x itemsize per update (stage 1 reads h, u, v and writes 3 fields; stages 2 and 3 also
 read the 3 base fields). Every rate is printed with its fraction of the copy bandwidth measured in
@@ -296,7 +296,7 @@ SWE_VALUES_PER_UPDATE = 24
 
 def _swe_case(nx, ny, dtype, xp, seed, viscosity=0.0, hyperviscosity=1.0e9):
     """Padded random (state, params, owned region) of a channel tile, on ``xp``."""
-    from apps.stencil.swe import SWEParameters, tile_parameters
+    from apps.stencil.channel import SWEParameters, tile_parameters
 
     parameters = SWEParameters(nx=nx, ny=ny, dx=5.0e3, dy=5.0e3, viscosity=viscosity, hyperviscosity=hyperviscosity)
     w = parameters.halo_width
@@ -309,7 +309,7 @@ def _swe_case(nx, ny, dtype, xp, seed, viscosity=0.0, hyperviscosity=1.0e9):
 
 
 def _swe_scalars(params, a, b, dt):
-    from apps.stencil.swe import kernel_constants
+    from apps.stencil.channel import kernel_constants
 
     real = params.dtype.type
     constants = kernel_constants(params)
@@ -320,7 +320,7 @@ def _swe_scalars(params, a, b, dt):
 
 def swe_tiles(dtype, text):
     """The kernel choices named by ``--swe-tiles`` that exist for ``dtype``."""
-    from apps.stencil.swe import stage_gpu
+    from apps.stencil.channel import stage_gpu
 
     dtype = np.dtype(dtype)
     if text == "default":
@@ -346,8 +346,8 @@ def check_swe(dtype, tiles):
     """Each tile against the Numba kernel, bitwise, on odd sizes, partial tiles and thin strips."""
     import cupy
 
-    from apps.stencil.swe.stage_cpu import stage_cpu
-    from apps.stencil.swe.stage_gpu import stage_gpu
+    from apps.stencil.channel.stage_cpu import stage_cpu
+    from apps.stencil.channel.stage_gpu import stage_gpu
 
     problems = []
     for viscosity, hyperviscosity in ((0.0, 1.0e9), (40.0, 2.0e10), (25.0, 0.0)):
@@ -377,8 +377,8 @@ def check_swe(dtype, tiles):
 def benchmark_swe_gpu(arguments, dtype, checks, copy_tbs):
     import cupy
 
-    from apps.stencil.swe.stage import SSP_RK3_STAGES
-    from apps.stencil.swe.stage_gpu import stage_gpu
+    from apps.stencil.channel.stage import SSP_RK3_STAGES
+    from apps.stencil.channel.stage_gpu import stage_gpu
 
     tiles = swe_tiles(dtype, arguments.swe_tiles)
     try:

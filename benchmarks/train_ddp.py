@@ -123,7 +123,7 @@ class PhaseClocks:
             self.samples.setdefault(phase, []).append((clock, power, reasons))
 
     def summary(self):
-        from hpcgpu.nvml_sample import decode_throttle_reasons
+        from hpcgpu.observe.nvml_sample import decode_throttle_reasons
 
         self._stop.set()
         self._thread.join(timeout=5)

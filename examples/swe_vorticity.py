@@ -20,8 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the bundled apps, from a checkout
 
 from apps.stencil.app import build_parser as app_parser, make_model, resolve_options  # noqa: E402
-from apps.stencil.shallow_water.model import SECONDS_PER_DAY  # noqa: E402
-from apps.stencil.swe.output import centred_fields  # noqa: E402
+from apps.stencil.swe_scheme.model import SECONDS_PER_DAY  # noqa: E402
+from apps.stencil.channel.output import centred_fields  # noqa: E402
 from hpcgpu.app.checkpointing import fingerprinted_options  # noqa: E402
 from hpcgpu.app.environment import prepare_output  # noqa: E402
 from hpcgpu.app.main import run_app  # noqa: E402

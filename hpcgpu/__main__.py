@@ -11,7 +11,7 @@ def main(argv=None) -> int:
     prog = "hpcgpu" if os.path.basename(sys.argv[0]) == "hpcgpu" else "python -m hpcgpu"
     if argv[:1] == ["jobscript"]:
         # Its own parser: app flags after `--` pass through untouched. Needs no MPI.
-        from hpcgpu.jobscript import main as jobscript_main
+        from hpcgpu.jobs.jobscript import main as jobscript_main
 
         return jobscript_main(argv[1:], prog=f"{prog} jobscript")
     from hpcgpu.app.cli import CommandParser   # one-line usage errors, printed by rank 0 only
@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     )
     info.add_argument("--backend", choices=("auto", "cupy", "numpy"), default="auto", help="backend to probe (default: auto)")
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    from hpcgpu.info import add_arguments as add_topology_arguments   # needs no MPI (--help works without one)
+    from hpcgpu.observe.info import add_arguments as add_topology_arguments   # needs no MPI (--help works without one)
 
     add_topology_arguments(info)
     check = commands.add_parser(
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     )
     args = parser.parse_args(argv)
     if args.command == "info":
-        from hpcgpu.info import main as info_main
+        from hpcgpu.observe.info import main as info_main
 
         return info_main(args)
     if args.command == "check":

@@ -19,7 +19,7 @@ marker, a fresh job per test and rank count, and the failing rank's report (thro
 - ``pytest -q`` sets verbosity -1 and the plugin turns it into a bare ``-`` argument of every child
   pytest ("file or directory not found: -"), so every multi-rank test fails;
 - at its timeout ``subprocess.run`` kills the launcher alone: Open MPI 4.1's ``mpirun`` leaves its
-  ranks running (MPICH's hydra ends them); :func:`hpcgpu.launch.run_mpi` kills the process group;
+  ranks running (MPICH's hydra ends them); :func:`hpcgpu.jobs.launch.run_mpi` kills the process group;
 - the launcher is one ``mpi_executable`` from the ini file, else the first ``mpirun`` on ``PATH``
   (a system Open MPI's beside a venv's MPICH-built mpi4py when the venv is not activated), with fixed
   ``mpi_command_line_args``: MPICH's ``mpiexec`` refuses Open MPI's ``--oversubscribe``, and there is
@@ -155,7 +155,7 @@ def pytest_pyfunc_call(pyfuncitem):
                 MPI.COMM_WORLD.Abort(1)
             raise
         return True
-    from hpcgpu.launch import run_mpi
+    from hpcgpu.jobs.launch import run_mpi
 
     n_ranks = pyfuncitem.funcargs["mpi_ranks"]
     timeout = marker.kwargs.get("timeout", DEFAULT_TIMEOUT)

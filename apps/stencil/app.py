@@ -17,7 +17,7 @@ from hpcgpu.app.environment import prepare_output
 from hpcgpu.app.main import run_app
 from hpcgpu.app.memory import MemoryEstimate, refuse_if_too_large
 from hpcgpu.errors import ConfigurationError
-from hpcgpu.monitor import add_monitor_arguments
+from hpcgpu.observe.monitor import add_monitor_arguments
 from hpcgpu.simulation import Periodic, Simulation, nccl_channel_limit, setup_architecture
 
 MODELS = ("swe", "jacobi", "heat3d")
@@ -125,7 +125,7 @@ def model_class(options):
         from apps.stencil.sphere.model import LatLonModel
 
         return LatLonModel
-    from apps.stencil.swe.model import SweModel
+    from apps.stencil.channel.model import SweModel
 
     return SweModel
 

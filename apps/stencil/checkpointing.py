@@ -7,7 +7,7 @@ import numpy as np
 
 from hpcgpu.app.checksum import fields_checksum
 from hpcgpu.app.progress import format_rate
-from hpcgpu.decomposition_nodes import header_line
+from hpcgpu.decomposition.nodes import header_line
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.simulation import Model
 

@@ -23,7 +23,7 @@ SIZES = {"jacobi": {"ny": 1024, "nx": 1024}}
 #: Model classes that know their default grid (imported only when a size is missing).
 MODELS = {"jacobi": ("apps.stencil.jacobi.model", "JacobiModel"),
           "heat3d": ("apps.stencil.heat3d.model", "Heat3DModel"),
-          "swe": ("apps.stencil.swe.model", "SweModel")}
+          "swe": ("apps.stencil.channel.model", "SweModel")}
 
 
 def plan_stencil(ranks: list[int], mode: str, args: list[str]) -> list[RunPlan]:

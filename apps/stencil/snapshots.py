@@ -4,7 +4,7 @@ The file is netCDF classic in its 64-bit offset form (:mod:`hpcgpu.output.netcdf
 every netCDF reader opens: a record is written, synced and only then counted, so a hard kill at any
 moment leaves every earlier record readable.
 
-:mod:`apps.stencil.swe.output` (beta-plane channel, x/y in metres) and
+:mod:`apps.stencil.channel.output` (beta-plane channel, x/y in metres) and
 :mod:`apps.stencil.sphere.output` (latitude-longitude) differ in their coordinates, their
 variables' metadata and how a map is drawn; opening the file on rank 0, appending a time record of
 the gathered cell-centre fields, closing it, and the two-panel figure (depth, relative vorticity)

@@ -21,7 +21,7 @@ from hpcgpu.app.environment import prepare_output
 from hpcgpu.app.main import run_app
 from hpcgpu.app.memory import MemoryEstimate, refuse_if_too_large
 from hpcgpu.errors import ConfigurationError
-from hpcgpu.monitor import add_monitor_arguments
+from hpcgpu.observe.monitor import add_monitor_arguments
 from hpcgpu.simulation import AtEnd, Periodic, Simulation, nccl_channel_limit, setup_architecture
 from hpcgpu.simulation.operations import rate_note
 from hpcgpu.simulation.triggers import Always

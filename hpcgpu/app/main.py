@@ -19,7 +19,7 @@ from hpcgpu.app.directory_lock import release_run_directories
 from hpcgpu.errors import ConfigurationError, OutputError, rank_prefix, replicated
 from hpcgpu.runtime.abort import EXIT_USAGE, RANK_VARIABLES, exit_without_teardown, launcher_rank  # noqa: F401
 from hpcgpu.runtime.fault_injection import check_request as check_fault_request, maybe_fail
-from hpcgpu.profiling import handle_profile_flag
+from hpcgpu.observe.profiling import handle_profile_flag
 
 
 def asks_for_help(argv) -> bool:

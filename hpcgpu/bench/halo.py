@@ -23,7 +23,7 @@ Example (2 GPUs)::
     mpiexec -n 2 python -m hpcgpu.bench halo --transports nccl,mpi-staged --json halo.json
 
 ``--simulate-nodes K`` places the blocks as if the ranks were on K nodes (``HPCGPU_SIMULATE_NODES``,
-:mod:`hpcgpu.decomposition_comm`) and prints the halo bytes inside and between those nodes; with the
+:mod:`hpcgpu.decomposition.comm`) and prints the halo bytes inside and between those nodes; with the
 NCCL settings of docs/multinode.md the exchange between "nodes" then takes NCCL's network path.
 """
 
@@ -139,8 +139,8 @@ def main(args) -> int:
     import os
 
     import hpcgpu
-    from hpcgpu.decomposition_comm import SIMULATE_NODES_ENV
-    from hpcgpu.decomposition_nodes import header_line
+    from hpcgpu.decomposition.comm import SIMULATE_NODES_ENV
+    from hpcgpu.decomposition.nodes import header_line
     from hpcgpu.transport import make_transport
 
     if args.simulate_nodes:

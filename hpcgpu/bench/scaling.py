@@ -113,7 +113,7 @@ def choose_launcher(requested: str) -> str:
 
 
 def _run_srun(n_ranks: int, args: list[str], timeout: float):
-    from hpcgpu.launch import run_command
+    from hpcgpu.jobs.launch import run_command
 
     command = ["srun", "-n", str(n_ranks), *shlex.split(os.environ.get("HPCGPU_SRUN_FLAGS", "")), *args]
     return run_command(command, timeout, label="hpcgpu.bench scaling")   # kills the whole step, not only srun
@@ -144,7 +144,7 @@ def run_one(app: str, plan: RunPlan, launcher: str, run_dir: Path, timeout: floa
     if launcher == "srun":
         result = _run_srun(plan.n_ranks, args, timeout)
     else:
-        from hpcgpu.launch import run_mpi
+        from hpcgpu.jobs.launch import run_mpi
 
         result = run_mpi(plan.n_ranks, args, timeout=timeout, cwd=str(root) if (root / "apps").is_dir() else None)
     (run_dir / "log.txt").write_text(result.output)

@@ -176,7 +176,7 @@ def free_slip_channel_walls(axis: int = 0) -> tuple[BoundaryConditions, Boundary
     h and u (cell centres along ``axis``) are mirrored even, so du/dy = 0 on the wall (no stress);
     v (on the lower cell faces along ``axis``) is mirrored odd about the wall face and set to 0 on
     it (no flow through the wall). Bitwise the same as
-    ``apps.stencil.swe.boundaries.fill_channel_boundaries``.
+    ``apps.stencil.channel.boundaries.fill_channel_boundaries``.
 
     Returns
     -------

@@ -11,7 +11,7 @@ import os
 
 from hpcgpu.health.findings import FAIL, OK, SKIP, WARN, Finding
 from hpcgpu.health.thresholds import CRITICAL_XIDS, Thresholds
-from hpcgpu.nvml_sample import HARMFUL_THROTTLE_REASONS
+from hpcgpu.observe.nvml_sample import HARMFUL_THROTTLE_REASONS
 
 #: Clock-event reasons that are the hardware protecting itself (a failing node); the other harmful
 #: reasons (power cap, driver thermal slowdown) give a warning.

@@ -15,7 +15,7 @@ is left out of the dict, never fatal. The dict's keys (absent when unknown):
 ``temperature_c``               current temperature; ``slowdown_temperature_c`` where clocks drop
 ``sm_clock_mhz``                current SM clock; ``max_sm_clock_mhz`` its maximum
 ``memory_clock_mhz``            current memory clock; ``max_memory_clock_mhz``, ``memory_bus_width_bits``
-``throttle_reasons``            names of the clocks-event reasons set (:mod:`hpcgpu.nvml_sample`)
+``throttle_reasons``            names of the clocks-event reasons set (:mod:`hpcgpu.observe.nvml_sample`)
 ``power_limit_w``               enforced power limit; ``default_power_limit_w`` the board's default
 ``pcie_generation``             current PCIe generation; ``pcie_max_generation`` the most both ends allow
 ``pcie_width``                  current lanes; ``pcie_max_width``
@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import re
 
-from hpcgpu.nvml_sample import read_sample
+from hpcgpu.observe.nvml_sample import read_sample
 
 
 def _import_pynvml():

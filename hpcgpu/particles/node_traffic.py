@@ -1,10 +1,10 @@
 """Ghost-atom bytes that cross nodes, for the header of a particle run over several nodes.
 
 A :class:`~hpcgpu.particles.domain.ParticleDomain` places one sub-box per rank with the node-aware
-layout of :mod:`hpcgpu.decomposition_nodes` (each sub-box is one block of its decomposition). The
+layout of :mod:`hpcgpu.decomposition.nodes` (each sub-box is one block of its decomposition). The
 bytes a ghost update moves between two sub-boxes are those of the atoms within the ghost width
 (cutoff + skin) of their shared face, edge or corner. Seen as a grid of cells one ghost width wide,
-that is exactly a halo exchange of width one cell, whose bytes :func:`hpcgpu.decomposition_nodes.halo_bytes`
+that is exactly a halo exchange of width one cell, whose bytes :func:`hpcgpu.decomposition.nodes.halo_bytes`
 counts; a cell carries ``density x cell volume x bytes per atom``.
 """
 
@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from hpcgpu.decomposition_nodes import describe_node_traffic
+from hpcgpu.decomposition.nodes import describe_node_traffic
 
 
 def ghost_cells(box, dims, ghost_width: float) -> tuple[int, ...]:

@@ -27,7 +27,7 @@ from hpcgpu.app.timers import PhaseTimers, format_timers
 from hpcgpu.checkpoint import EXIT_REQUEUE
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.health.run_health import RunHealth
-from hpcgpu.monitor import GpuMonitor
+from hpcgpu.observe.monitor import GpuMonitor
 from hpcgpu.runtime.fault_injection import maybe_fail
 from hpcgpu.simulation.operations import Checkpoint, ModelOutput, NanCheck, ProgressReport, check_finite
 from hpcgpu.transport.selection import select_transport, transport_choice

@@ -30,7 +30,7 @@ _RANK_VARIABLES = (b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK=")
 
 def start_job(n_ranks: int, args: list[str], env: dict | None = None, cwd=None, log=None) -> subprocess.Popen:
     """Launch ``mpiexec -n N ARGS`` in a new session; stdout and stderr go to ``log`` (a path) or are dropped."""
-    from hpcgpu.launch import mpiexec_command
+    from hpcgpu.jobs.launch import mpiexec_command
 
     output = open(log, "wb") if log is not None else subprocess.DEVNULL
     try:

@@ -18,8 +18,8 @@ if [ $# -lt 1 ]; then
     echo "usage: $0 APP [APP ARGS...]   (e.g. $0 apps.stencil --model jacobi)" >&2
     exit 2
 fi
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)   # physical path: hpcgpu/jobscripts links here
-# A checkout two levels up runs un-installed; an installed hpcgpu (site-packages/hpcgpu/jobscripts) runs as is.
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)   # physical path: hpcgpu/jobs/jobscripts links here
+# A checkout two levels up runs un-installed; an installed hpcgpu (site-packages/hpcgpu/jobs/jobscripts) runs as is.
 root=$(cd "$here/../.." && pwd)
 if [ -z "${HPCGPU_ROOT:-}" ] && [ -f "$root/pyproject.toml" ] && [ -f "$root/hpcgpu/__init__.py" ]; then
     export HPCGPU_ROOT=$root

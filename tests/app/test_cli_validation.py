@@ -17,7 +17,7 @@ from hpcgpu.app.environment import output_path_problems
 from hpcgpu.app.progress import Progress, format_rate, steps_text
 from hpcgpu.app.timers import format_timers
 from hpcgpu.errors import ConfigurationError
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 
 
 def parse_toml(tmp_path, text, parser_fn=stencil_parser, argv=()):

@@ -9,7 +9,7 @@ import pytest
 
 from hpcgpu.app.memory import MemoryEstimate, available_host_bytes, format_bytes, refuse_if_too_large
 from hpcgpu.errors import ConfigurationError
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcgpu.launch import run_command, run_mpi
+from hpcgpu.jobs.launch import run_command, run_mpi
 
 ROOT = Path(__file__).resolve().parents[2]
 

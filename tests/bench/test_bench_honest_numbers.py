@@ -11,7 +11,7 @@ import pytest
 
 from hpcgpu.bench.halo import bandwidth, peer_kind
 from hpcgpu.bench.scaling import physical_cores, scaling_warnings
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 
 
 def test_bandwidth_is_reported_only_for_a_link_and_below_the_copy_rate():

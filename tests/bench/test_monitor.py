@@ -1,4 +1,4 @@
-"""The GPU monitor (hpcgpu.monitor) with a fake NVML, its no-op paths, and the --monitor/--profile flags."""
+"""The GPU monitor (hpcgpu.observe.monitor) with a fake NVML, its no-op paths, and the --monitor/--profile flags."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpcgpu import monitor
+from hpcgpu.observe import monitor
 from hpcgpu.errors import ConfigurationError
-from hpcgpu.monitor import GpuMonitor, format_monitor
-from hpcgpu.nvml_sample import decode_throttle_reasons
-from hpcgpu.profiling import handle_profile_flag, nsys_command, under_nsys
+from hpcgpu.observe.monitor import GpuMonitor, format_monitor
+from hpcgpu.observe.nvml_sample import decode_throttle_reasons
+from hpcgpu.observe.profiling import handle_profile_flag, nsys_command, under_nsys
 
 BUS_ID = "00000000:3B:00.0"
 GIB = 1024**3

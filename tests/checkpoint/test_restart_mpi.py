@@ -1,6 +1,6 @@
 """Multi-rank restarts: equivalence, N -> M ranks, a rank killed mid-write, signals, wall time.
 
-Each scenario runs ``tests/checkpoint/toy_run.py`` under mpiexec (through ``hpcgpu.launch.run_mpi``,
+Each scenario runs ``tests/checkpoint/toy_run.py`` under mpiexec (through ``hpcgpu.jobs.launch.run_mpi``,
 with a timeout) and compares the final checksums with an uninterrupted run: field in global order,
 particles sorted by id, the replicated RNG's next draw; all must be bitwise equal.
 """
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from hpcgpu.checkpoint.filesystem import FAULT_EXIT_CODE
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 
 SCRIPT = Path(__file__).with_name("toy_run.py")
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from pathlib import Path
 import h5py
 import pytest
 
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 from tests.checkpoint.test_run_identity import file_hashes, names
 
 ROOT = Path(__file__).resolve().parents[2]

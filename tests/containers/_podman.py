@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import uuid
 
-from hpcgpu.launch import RunResult, run_command
+from hpcgpu.jobs.launch import RunResult, run_command
 from tests.jobscripts._slurm import in_ci
 
 #: The image .ci/container/build-image.sh builds (same variable, same default).

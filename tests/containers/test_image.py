@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from hpcgpu.launch import run_command, run_mpi
+from hpcgpu.jobs.launch import run_command, run_mpi
 from tests.containers._podman import IMAGE, PODMAN, podman_run
 
 pytestmark = pytest.mark.slow

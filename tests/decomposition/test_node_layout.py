@@ -1,4 +1,4 @@
-"""Node-aware placement (hpcgpu.decomposition_nodes): halo bytes inside / across nodes, the layout
+"""Node-aware placement (hpcgpu.decomposition.nodes): halo bytes inside / across nodes, the layout
 chosen for any launcher rank order, simulated nodes, and app runs that must not change."""
 
 import itertools
@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from hpcgpu.decomposition_comm import simulated_nodes
-from hpcgpu.decomposition_nodes import describe_node_traffic, halo_bytes, node_aware_layout
-from hpcgpu.decomposition_shape import split_extents
+from hpcgpu.decomposition.comm import simulated_nodes
+from hpcgpu.decomposition.nodes import describe_node_traffic, halo_bytes, node_aware_layout
+from hpcgpu.decomposition.shape import split_extents
 from hpcgpu.errors import DecompositionError
 
 from tests.helpers.app_runs import run_app_summary
@@ -148,7 +148,7 @@ def test_simulated_nodes_patterns_and_errors():
 @pytest.mark.mpi(ranks=[1, 2, 3, 4])
 def test_simulated_nodes_reorder_owners_not_blocks(comm, monkeypatch):
     import hpcgpu
-    from hpcgpu.decomposition_nodes import header_line
+    from hpcgpu.decomposition.nodes import header_line
 
     shape = (24, 10)
     plain = hpcgpu.Decomposition(comm, shape, dims=(comm.size, 1), periodic=(True, False))
@@ -202,7 +202,7 @@ def test_app_checksum_is_unchanged_on_simulated_nodes(n_ranks, args, tmp_path):
 
 def test_the_stencil_header_names_the_inter_node_halo_traffic(tmp_path):
     """On several (here simulated) nodes the header says how many halo bytes cross nodes; on one, nothing."""
-    from hpcgpu.launch import run_mpi
+    from hpcgpu.jobs.launch import run_mpi
 
     command = [sys.executable, "-m", "apps.stencil", "--model", "swe", "--nx", "48", "--ny", "32", "--steps", "2",
                "--dims", "4,1", "--no-plot", "--snapshot-every", "0"]
@@ -218,7 +218,7 @@ def test_the_stencil_header_names_the_inter_node_halo_traffic(tmp_path):
 
 def test_the_md_header_names_the_inter_node_ghost_traffic(tmp_path):
     """MD on simulated nodes: the header gives the ghost bytes that cross nodes (node-aware vs naive)."""
-    from hpcgpu.launch import run_mpi
+    from hpcgpu.jobs.launch import run_mpi
 
     command = [sys.executable, "-m", "apps.md", "--cells", "8", "--steps", "2", "--dims", "4,1,1"]
     env = dict(os.environ, NUMBA_NUM_THREADS="1", HPCGPU_SIMULATE_NODES="2:cyclic")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcgpu.launch import run_command, run_mpi
+from hpcgpu.jobs.launch import run_command, run_mpi
 
 from .runnable import PYTHON_LANGUAGES, ROOT, MarkerError, blocks_of, documentation_files
 

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import xarray
 
-from hpcgpu.launch import run_command, run_mpi
+from hpcgpu.jobs.launch import run_command, run_mpi
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(path.stem for path in (ROOT / "examples").glob("*.py"))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from hpcgpu.app.checksum import hash_arrays
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

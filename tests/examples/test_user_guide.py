@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "user-guide.md"

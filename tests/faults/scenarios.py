@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 from hpcgpu.testing import faults
 
 ROOT = Path(__file__).resolve().parents[2]

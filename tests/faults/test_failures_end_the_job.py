@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcgpu.launch import run_command, run_mpi
+from hpcgpu.jobs.launch import run_command, run_mpi
 from hpcgpu.testing import faults
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ def full_disk(tmp_path):
 
     def run(size, app_args, check):
         """Run the app on a tmpfs of ``size`` at ``mount_point``, then ``check`` (Python source) in the same namespace."""
-        from hpcgpu.launch import mpiexec_command
+        from hpcgpu.jobs.launch import mpiexec_command
 
         app = " ".join(map(_quote, mpiexec_command(2, [sys.executable, *app_args])))
         script = f"{app}; echo \"exit=$?\"; {_quote(sys.executable)} -c {_quote(check)}"
@@ -111,7 +111,7 @@ def test_a_full_disk_for_a_checkpoint_is_one_line_exit_74_and_the_previous_check
              "and not n.endswith('.tmp')))").format(d=mount_point)
     args = [*STENCIL, "--steps", "2000", "--snapshot-every", "0", "--checkpoint-every", "100",
             "--output", str(mount_point.parent / "out"), "--checkpoint-dir", str(mount_point)]
-    from hpcgpu.launch import mpiexec_command
+    from hpcgpu.jobs.launch import mpiexec_command
 
     app = " ".join(map(_quote, mpiexec_command(2, [sys.executable, *args])))
     script = f"{app}; echo \"exit=$?\"; {_quote(sys.executable)} -c {_quote(check)}"
@@ -164,7 +164,7 @@ def test_a_config_file_on_one_node_only_ends_the_job_with_that_ranks_message(tmp
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     (tmp_path / "a" / "run.toml").write_text("steps = 5\nnx = 32\nny = 16\n")
-    from hpcgpu.launch import mpiexec_path
+    from hpcgpu.jobs.launch import mpiexec_path
 
     command = [mpiexec_path(), "-n", "1", "-wdir", str(tmp_path / "a"), sys.executable, *STENCIL[:2], "--config",
                "run.toml", "--output", str(tmp_path / "out"), ":", "-n", "1", "-wdir", str(tmp_path / "b"),

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from hpcgpu.app.directory_lock import LOCK_NAME
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 from tests.faults.scenarios import ROOT, SCENARIOS, reference_contents
 from tests.faults.two_jobs import REFUSED, killed_holder_then_new_job, requeue_with_wait, two_jobs
 

@@ -79,7 +79,7 @@ CONDITIONS = [Dirichlet(2.5), Dirichlet(-1.0, staggered=True), ZeroGradient(), M
 def test_channel_walls_are_bitwise_fill_channel_boundaries(halo_width, at_south, at_north):
     """free_slip_channel_walls() gives bitwise the arrays of the shallow-water model's own wall fill,
     on random padded arrays (owned rows from halo_width (the least allowed) up), float64 and float32."""
-    from apps.stencil.swe.boundaries import fill_channel_boundaries
+    from apps.stencil.channel.boundaries import fill_channel_boundaries
 
     w = halo_width
     sides = {(0, LOWER)} if at_south else set()
@@ -270,7 +270,7 @@ def test_channel_exchange_with_walls_is_exchange_then_fill_channel_boundaries(co
     at_south / at_north) and one exchange with free_slip_channel_walls() give bitwise the same
     arrays on every rank, for halo widths 1-3 (the walls across y, x periodic)."""
     import hpcgpu
-    from apps.stencil.swe.boundaries import fill_channel_boundaries
+    from apps.stencil.channel.boundaries import fill_channel_boundaries
 
     arch = hpcgpu.arch.auto(comm, backend="numpy")
     for w in (1, 2, 3):
@@ -353,7 +353,7 @@ def test_gpu_fill_is_bitwise_the_cpu_fill(condition):
 def test_gpu_channel_walls_are_bitwise_fill_channel_boundaries(halo_width):
     import cupy
 
-    from apps.stencil.swe.boundaries import fill_channel_boundaries
+    from apps.stencil.channel.boundaries import fill_channel_boundaries
 
     w = halo_width
     rng = np.random.default_rng(w)

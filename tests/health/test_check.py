@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 from tests.health.fake_nvml import FakeSource
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]

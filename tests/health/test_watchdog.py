@@ -11,7 +11,7 @@ import pytest
 
 from hpcgpu.health.hang import name_stuck_ranks
 from hpcgpu.health.watchdog import EXIT_HANG, Watchdog, WatchdogSettings
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ import os
 import sys
 from pathlib import Path
 
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -22,7 +22,8 @@ dynamically (``importlib``, ``__import__``) imports every module its string cons
 declares (``pyproject.toml``).
 
 An app split into folders has layers of its own (:data:`APP_LAYERS`; ``apps.train``: kernels and data <- nn <-
-training <- parallel <- run <- app), checked by the same rules.
+training <- parallel <- run <- app; ``apps.stencil``: shared pieces <- swe_scheme <- the models (jacobi, heat3d,
+channel, sphere) <- app), checked by the same rules.
 """
 
 from __future__ import annotations
@@ -168,21 +169,20 @@ def test_hpcgpu_and_apps_have_no_import_cycles():
 #: the same order. The package's own ``__init__`` (``import hpcgpu``) is the public facade above all of them:
 #: it imports nothing when imported and names the public classes lazily (see the module docstring).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("errors", "provenance", "locations", "launch", "profiling", "nvml_sample")),
+    ("base", ("errors", "provenance", "locations")),
     ("runtime", ("runtime",)),                   # Communicator, device pick by node-local rank, abort, capture
     ("architecture", ("arch",)),                 # CPU or GPU: xp, streams; built on runtime's device pick
     ("transport", ("transport",)),
-    ("decomposition", ("decomposition", "decomposition_shape", "decomposition_nodes", "decomposition_comm",
-                       "reductions")),
+    ("decomposition", ("decomposition", "reductions")),  # blocks, shape, node layout; reproducible sums
     ("halo", ("halo",)),
     ("fields and particles", ("field", "particles")),
     ("kernel layer", ("stencils",)),
     ("files", ("output",)),                      # crash-safe record files, atomic writes, fsync
     ("checkpoint", ("checkpoint",)),
-    ("job services", ("health", "monitor", "info")),
+    ("job services", ("observe", "health")),     # info, GPU monitor, NVML readings, --profile; health checks
     ("app contract", ("app",)),                  # CLI, run control, timers, progress, summary
     ("simulation", ("simulation",)),             # the driver and its operations (NetCDFOutput among them)
-    ("tools", ("bench", "testing", "jobscript", "jobscript_shipped", "jobscript_template", "__main__")),
+    ("tools", ("bench", "testing", "jobs", "__main__")),  # benchmarks, test helpers, launcher and job scripts
 ]
 
 #: Imports from a layer up that exist today, each ``(importing part, imported part)`` with its reason. Each
@@ -394,6 +394,12 @@ APP_LAYERS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("one rank's step", ("training",)),             # precision, optimiser, train_step, checkpoint payload
         ("parallelism", ("parallel",)),                 # data, tensor, pipeline parallelism, sharded state
         ("the run", ("run",)),                          # the Simulation models, the plot
+        ("the app", ("app", "__main__", "scaling_recipe")),
+    ],
+    "stencil": [
+        ("shared pieces", ("checkpointing", "snapshots", "region_kernels", "peer_rows", "pingpong")),
+        ("the shallow-water scheme", ("swe_scheme",)),  # one C-grid scheme for both grids; knows no grid
+        ("models", ("jacobi", "heat3d", "channel", "sphere")),  # heat3d reuses jacobi; the two SWE grids
         ("the app", ("app", "__main__", "scaling_recipe")),
     ],
 }

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 from tests.containers import _podman
 from tests.jobscripts import _slurm
 from tests.jobscripts._slurm import ROOT

@@ -1,6 +1,6 @@
 """``hpcgpu jobscript`` and launching from an installed package (issue 24).
 
-Fast tests write scripts with the checkout's ``hpcgpu.jobscript`` and run one through a stand-in
+Fast tests write scripts with the checkout's ``hpcgpu.jobs.jobscript`` and run one through a stand-in
 ``srun`` (1 rank, no Slurm); ``--help`` of every app is checked with mpi4py made unimportable. The
 slow test builds a wheel, installs it (not editable) in a fresh virtual environment outside the
 checkout and runs the ``hpcgpu`` console script there; a real Slurm is used only when the CI cluster answers.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcgpu import jobscript
+from hpcgpu.jobs import jobscript
 from tests.jobscripts._slurm import JOBSCRIPTS, ROOT, cluster_problem
 
 #: A stand-in for srun: records its flags, drops them and runs the command once (one rank, no Slurm).
@@ -130,9 +130,9 @@ def test_list_names_every_shipped_template(capsys):
 
 
 def test_package_templates_are_the_checkout_jobscripts():
-    """hpcgpu/jobscripts (package data) is the top-level jobscripts/ itself: no second copy to drift."""
+    """hpcgpu/jobs/jobscripts (package data) is the top-level jobscripts/ itself: no second copy to drift."""
     assert jobscript.TEMPLATES == JOBSCRIPTS.resolve()
-    assert (ROOT / "hpcgpu" / "jobscripts").is_symlink()
+    assert (ROOT / "hpcgpu" / "jobs" / "jobscripts").is_symlink()
 
 
 def test_copied_templates_source_the_copied_common_sh(tmp_path):
@@ -247,7 +247,7 @@ def test_installed_wheel_writes_and_runs_scripts_without_a_checkout(tmp_path):
     assert {"#SBATCH --nodes=2", "#SBATCH --gpus-per-node=4", "#SBATCH --ntasks-per-node=4",
             "#SBATCH --time=01:00:00", "#SBATCH --partition=gpu", "#SBATCH --account=proj42",
             "#SBATCH --output=%x-%j.log"} <= set(sbatch_lines(text))
-    common = purelib / "hpcgpu" / "jobscripts" / "common.sh"
+    common = purelib / "hpcgpu" / "jobs" / "jobscripts" / "common.sh"
     assert f"source {common} || exit 2" in text and common.is_file()
     assert subprocess.run(["bash", "-n", str(workdir / "job.sbatch")]).returncode == 0
     listing = subprocess.run([hpcgpu_command, "jobscript", "--list"], capture_output=True, text=True, check=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcgpu.launch import mpiexec_path
+from hpcgpu.jobs.launch import mpiexec_path
 from tests.jobscripts._slurm import JOBSCRIPTS
 
 WRAPPER = JOBSCRIPTS / "mpirun" / "gpu-per-rank.sh"

@@ -1,7 +1,7 @@
 """The shipped job scripts are the rendered output of the one template, byte for byte.
 
 ``jobscripts/gpu/*.sbatch``, ``jobscripts/cpu/*.sbatch`` and ``jobscripts/mpirun/run-{openmpi,mpich}.sh``
-come from ``jobscripts/template/`` filled with the values of :mod:`hpcgpu.jobscript_shipped`; so does
+come from ``jobscripts/template/`` filled with the values of :mod:`hpcgpu.jobs.shipped`; so does
 every script ``hpcgpu jobscript`` writes. A hand edit of a shipped file, or a change of the template or
 the values without rendering again, fails here with the command that fixes it.
 """
@@ -14,9 +14,9 @@ import shutil
 
 import pytest
 
-from hpcgpu import jobscript
-from hpcgpu.jobscript_shipped import WRITE_COMMAND, shipped_scripts, stale_shipped
-from hpcgpu.jobscript_template import BatchScript, fill, render_batch_script
+from hpcgpu.jobs import jobscript
+from hpcgpu.jobs.shipped import WRITE_COMMAND, shipped_scripts, stale_shipped
+from hpcgpu.jobs.template import BatchScript, fill, render_batch_script
 from tests.jobscripts._slurm import JOBSCRIPTS
 
 
@@ -30,7 +30,7 @@ def test_every_shipped_script_is_the_rendered_template():
             f"rendered {stale[0]}", f"jobscripts/{stale[0]}", n=1))
     assert not stale, (
         f"{stale}: not what jobscripts/template/ renders (a hand edit, or a template or value changed without "
-        f"rendering). Edit jobscripts/template/*.in or hpcgpu/jobscript_shipped.py, then run `{WRITE_COMMAND}` "
+        f"rendering). Edit jobscripts/template/*.in or hpcgpu/jobs/shipped.py, then run `{WRITE_COMMAND}` "
         f"from the repository root and commit the result.\n{first_difference}")
 
 

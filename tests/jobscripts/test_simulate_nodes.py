@@ -1,5 +1,5 @@
 """``jobscripts/mpirun/simulate-nodes.sh``: the NCCL host id of each rank follows the same pretend nodes
-as ``HPCGPU_SIMULATE_NODES`` in the decomposition (hpcgpu.decomposition_comm.simulated_nodes)."""
+as ``HPCGPU_SIMULATE_NODES`` in the decomposition (hpcgpu.decomposition.comm.simulated_nodes)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from hpcgpu.decomposition_comm import simulated_nodes
+from hpcgpu.decomposition.comm import simulated_nodes
 from tests.jobscripts._slurm import JOBSCRIPTS
 
 WRAPPER = JOBSCRIPTS / "mpirun" / "simulate-nodes.sh"

@@ -25,7 +25,7 @@ import time
 
 import pytest
 
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 from tests.jobscripts import _slurm
 from tests.jobscripts._slurm import JOBSCRIPTS
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 from tests.output.field_model import expected
 
 ROOT = Path(__file__).resolve().parents[2]

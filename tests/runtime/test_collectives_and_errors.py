@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 
 
 @pytest.mark.mpi(ranks=[1, 2, 3, 4])

@@ -14,7 +14,7 @@ import pytest
 
 from hpcgpu.health.findings import FAIL, OK, WARN
 from hpcgpu.health.job_checks import judge_container
-from hpcgpu.info import format_report, warnings_for
+from hpcgpu.observe.info import format_report, warnings_for
 from hpcgpu.runtime import container
 
 

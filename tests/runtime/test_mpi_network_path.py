@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 
 from tests.helpers.app_runs import ROOT, run_app_summary
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcgpu import info
-from hpcgpu.launch import run_mpi
+from hpcgpu.observe import info
+from hpcgpu.jobs.launch import run_mpi
 from hpcgpu.runtime import nccl_topology, topology
 
 GPU0, GPU1 = "0000:03:00.0", "0000:83:00.0"

@@ -21,7 +21,7 @@ CASES = [
 
 
 def _splits(n_ranks, ndim):
-    from hpcgpu.decomposition_shape import factorizations
+    from hpcgpu.decomposition.shape import factorizations
 
     return list(factorizations(n_ranks, ndim))
 

@@ -22,7 +22,7 @@ def _awkward(shape, seed=11):
 @pytest.mark.mpi(ranks=[1, 2, 3, 4])
 def test_global_sum_has_the_same_bits_in_every_split(comm):
     import hpcgpu
-    from hpcgpu.decomposition_shape import factorizations
+    from hpcgpu.decomposition.shape import factorizations
 
     arch = hpcgpu.arch.auto(comm, backend="numpy")
     for shape, dtype in [((13, 17), "float64"), ((5, 6, 7), "float64"), ((31, 9), "float32")]:

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from hpcgpu.errors import BackendError, ConfigurationError
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 from hpcgpu.transport import selection
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from hpcgpu.launch import run_mpi  # noqa: E402
+from hpcgpu.jobs.launch import run_mpi  # noqa: E402
 
 #: A small residual MLP: the model that tensor and pipeline parallelism split.
 RESIDUAL = ["--model", "residual-mlp", "--depth", "4", "--width", "128", "--steps", "30"]

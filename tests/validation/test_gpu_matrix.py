@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 
 pytestmark = pytest.mark.gpu
 

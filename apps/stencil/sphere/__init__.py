@@ -1,13 +1,13 @@
 """The latitude-longitude sphere (``--grid latlon``): one of the two grids of the shallow-water core.
 
-The core (:mod:`apps.stencil.shallow_water`) holds the scheme -- vector-invariant equations with
+The core (:mod:`apps.stencil.swe_scheme`) holds the scheme -- vector-invariant equations with
 Sadourny's energy-conserving vorticity term and flux-form continuity on an Arakawa C-grid, SSP-RK3,
 one Numba kernel and one set of CUDA device functions, the model's overlapped step. This package is
 what only the sphere has: its metrics (cos(latitude) factors, f per corner, topography; no point at
 a pole, v = 0 on the zero-length pole faces), a Fourier polar filter poleward of a cutoff latitude
 (whole latitude circles gathered in row communicators; its rows take the stage's increment path),
 and the Williamson et al. (1992) test cases 2, 5 and 6. Earth constants a = 6.37122e6 m,
-Omega = 7.292e-5 1/s, g = 9.80616 m/s^2. Like :mod:`apps.stencil.swe`, every numerical function works
+Omega = 7.292e-5 1/s, g = 9.80616 m/s^2. Like :mod:`apps.stencil.channel`, every numerical function works
 on padded local arrays of one tile; :class:`apps.stencil.sphere.model.LatLonModel` adds MPI.
 
 Modules

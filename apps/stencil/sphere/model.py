@@ -1,13 +1,13 @@
 """The shallow-water model on a latitude-longitude grid as an ``apps.stencil`` model (``--grid latlon``).
 
-The step is the core's (:class:`apps.stencil.shallow_water.model.ShallowWaterModel`): exchange each
+The step is the core's (:class:`apps.stencil.swe_scheme.model.ShallowWaterModel`): exchange each
 stage's input while the interior updates (the ghost rows beyond the poles -- mirror, zero-length
 pole faces -- are the exchange's boundary conditions), update the rim; then this model finishes the
 stage with the polar filter (allgather the polar rows' increments in the row communicator, FFT,
 combine).
 
 On a GPU (``--backend cupy``) the stages run as the core's per-row-metrics CUDA kernel
-(:mod:`apps.stencil.shallow_water.stage_gpu`) on the compute stream while the halos travel (NCCL or
+(:mod:`apps.stencil.swe_scheme.stage_gpu`) on the compute stream while the halos travel (NCCL or
 host-staged MPI); the polar filter stays on the device when each rank holds whole latitude circles
 (``--dims N,1``, the default for GPUs) and is staged through the host otherwise
 (:mod:`apps.stencil.sphere.polar_filter_gpu`).
@@ -31,7 +31,7 @@ import math
 import numpy as np
 
 import hpcgpu
-from apps.stencil.shallow_water.model import SECONDS_PER_DAY, ShallowWaterModel
+from apps.stencil.swe_scheme.model import SECONDS_PER_DAY, ShallowWaterModel
 from apps.stencil.sphere.diagnostics import DIAGNOSTIC_NAMES, error_norms, local_diagnostics, local_error_sums
 from apps.stencil.sphere.initial_conditions import initial_owned_state, make_initial_condition
 from apps.stencil.sphere.parameters import DEFAULT_FILTER_LATITUDE_DEG, SphereParameters, tile_parameters

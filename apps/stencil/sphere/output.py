@@ -1,7 +1,7 @@
 """Output of the model on the sphere: CF-1.8 netCDF snapshots and PNG maps of height and vorticity.
 
 Snapshots go to ``OUTPUT/latlon.nc`` (netCDF classic, 64-bit offset format: crash-safe appends, :mod:`hpcgpu.output.netcdf_classic`), written by rank
-0 from the gathered global fields, like the channel's :mod:`apps.stencil.swe.output`; a restarted run
+0 from the gathered global fields, like the channel's :mod:`apps.stencil.channel.output`; a restarted run
 appends to the file of the run it continues and a fresh run never overwrites one
 (:mod:`apps.stencil.snapshots`). Everything is
 on the cell centres of the C-grid (:mod:`apps.stencil.sphere.parameters`), so xarray, ncview,

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from apps.stencil.shallow_water.metrics import GridMetrics, latlon_metrics
+from apps.stencil.swe_scheme.metrics import GridMetrics, latlon_metrics
 from hpcgpu.errors import ConfigurationError
 
 EARTH_RADIUS = 6.37122e6
@@ -126,7 +126,7 @@ class SphereTile:
     Per padded cell (arrays of shape (n_rows + 2w, n_cols + 2w)): ``coriolis`` (f at the SW corner,
     1/s) and ``topography`` (bottom height h_s at the centre, m).
 
-    These names read ``metrics``, the core's :class:`~apps.stencil.shallow_water.metrics.GridMetrics`
+    These names read ``metrics``, the core's :class:`~apps.stencil.swe_scheme.metrics.GridMetrics`
     (what :func:`apps.stencil.sphere.stage.sphere_stage` passes to the core).
     """
 

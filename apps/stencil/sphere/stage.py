@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from apps.stencil.shallow_water.metrics import ROW_ARRAYS
-from apps.stencil.shallow_water.stage import SSP_RK3_STAGES, shallow_water_stage
+from apps.stencil.swe_scheme.metrics import ROW_ARRAYS
+from apps.stencil.swe_scheme.stage import SSP_RK3_STAGES, shallow_water_stage
 from apps.stencil.sphere.parameters import SphereTile
 
 

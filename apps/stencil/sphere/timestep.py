@@ -1,6 +1,6 @@
 """Time-step limit with the polar filter, and a one-tile SSP-RK3 step (tests, single-rank runs).
 
-As for the channel (:mod:`apps.stencil.swe.timestep`), the rate of the fastest mode of a cell is
+As for the channel (:mod:`apps.stencil.channel.timestep`), the rate of the fastest mode of a cell is
 ``|u|/dx + |v|/dy + 2 sqrt(g h) sqrt(1/dx^2 + 1/dy^2)`` over sqrt(3) (SSP-RK3 on the imaginary
 axis), but with ``dx = a max(cos(lat), cos(lat_c)) dlon``: poleward of the cutoff the polar filter
 caps the zonal wavenumbers at the cutoff's resolution (:mod:`apps.stencil.sphere.polar_filter`).
@@ -16,7 +16,7 @@ import numpy as np
 
 from apps.stencil.sphere.parameters import SphereTile
 from apps.stencil.sphere.polar_filter import FilterPlan, filter_and_combine, local_gather
-from apps.stencil.shallow_water.stage import ssp_rk3_step as core_ssp_rk3_step
+from apps.stencil.swe_scheme.stage import ssp_rk3_step as core_ssp_rk3_step
 from hpcgpu.arch import is_device_array
 from hpcgpu.errors import NumericalError
 

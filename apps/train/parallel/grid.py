@@ -19,7 +19,7 @@ Sub-communicators (each an :class:`hpcgpu.Communicator`, built with :meth:`hpcgp
 ``model``       same data index (T x P ranks)    the gradient norm over all parameter shards
 ==============  ===============================  ==================================================
 
-Nodes: :func:`make_grid` reads every rank's node (:func:`hpcgpu.decomposition_comm.gather_node_of_rank`:
+Nodes: :func:`make_grid` reads every rank's node (:func:`hpcgpu.decomposition.comm.gather_node_of_rank`:
 the shared-memory split, or ``HPCGPU_SIMULATE_NODES`` to pretend) and records, per axis, whether every
 group along it lies inside one node; :meth:`ParallelGrid.describe` says so in the run header.
 
@@ -32,7 +32,7 @@ communicators), instead of inside the first forward.
 
 from dataclasses import dataclass, field
 
-from hpcgpu.decomposition_comm import gather_node_of_rank
+from hpcgpu.decomposition.comm import gather_node_of_rank
 from hpcgpu.errors import ConfigurationError
 from hpcgpu.transport import collectives, select_transport, transport_choice
 

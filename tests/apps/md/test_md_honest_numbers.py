@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 
 ROOT = Path(__file__).resolve().parents[3]
 SMALL = ["--cells", "4", "--steps", "20", "--thermo-every", "5", "--no-plot"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 
 BASE = ["--cells", "5", "--quiet", "--no-plot", "--thermostat", "langevin", "--thermo-every", "10"]
 

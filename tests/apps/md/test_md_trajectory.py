@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 
 SMALL = ["--cells", "4", "--backend", "numpy", "--quiet", "--no-plot", "--thermostat", "langevin"]
 DT = 0.005   # the default time step (tau)

@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 
 GRIDS = {
     "swe": (["--grid", "channel"], "swe.nc"),

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 
 
 def run_app(tmp_path, n_ranks, *args, name="run", timeout=240):

@@ -7,7 +7,7 @@ header printed the steps of ``--days`` when ``--steps`` was given.
 import json
 import sys
 
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 
 JACOBI = ["--model", "jacobi", "--nx", "48", "--ny", "32", "--norm-every", "0"]
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from hpcgpu.launch import mpiexec_command, run_mpi
+from hpcgpu.jobs.launch import mpiexec_command, run_mpi
 
 SMALL = {
     "swe": ["--model", "swe", "--nx", "48", "--ny", "24", "--no-plot", "--snapshot-every", "0"],

@@ -32,7 +32,7 @@ CASES = {
 
 
 def _run(tmp_path, tag, ranks, args):
-    from hpcgpu.launch import run_mpi
+    from hpcgpu.jobs.launch import run_mpi
 
     summary = tmp_path / f"{tag}.json"
     result = run_mpi(ranks, [sys.executable, "-m", "apps.stencil", *args, "--backend", "cupy", "--no-plot",

@@ -18,7 +18,7 @@ from apps.train.parallel.distributed import replicas_identical
 from apps.train.kernels.gemm import gemm
 from apps.train.training.precision import (BFloat16Precision, bfloat16_bits, bfloat16_bits_to_float32,
                                   make_precision)
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 #: bf16 loss curve vs the fp32 one over 50 steps (measured 1.6e-3; bf16 keeps ~2-3 digits)

@@ -137,7 +137,7 @@ def shared_gpu_body():
 
 @pytest.mark.gpus(1)
 def test_gpu_split_model_on_one_shared_gpu_host_staged():
-    from hpcgpu.launch import run_mpi
+    from hpcgpu.jobs.launch import run_mpi
 
     here = Path(__file__).parent
     code = (f"import sys; sys.path[:0] = [{str(here)!r}, {str(here.parents[2])!r}]; "

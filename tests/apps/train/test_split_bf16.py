@@ -222,7 +222,7 @@ def shared_gpu_body():
 def test_gpu_bf16_split_model_on_one_shared_gpu_host_staged():
     """The same on ONE GPU shared by two ranks over the host-staged transport (the float32 sum of
     the tensor allreduce, MPI moving the bit patterns between stages)."""
-    from hpcgpu.launch import run_mpi
+    from hpcgpu.jobs.launch import run_mpi
 
     here = Path(__file__).parent
     code = (f"import sys; sys.path[:0] = [{str(here)!r}, {str(here.parents[2])!r}]; "

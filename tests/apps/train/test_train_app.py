@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hpcgpu.checkpoint import EXIT_REQUEUE
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 
 SMALL = ["--model", "large-mlp", "--depth", "2", "--width", "32", "--batch-size", "24", "--no-plot",
          "--eval-every", "5", "--warmup", "3"]

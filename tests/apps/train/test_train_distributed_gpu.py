@@ -56,7 +56,7 @@ def test_gpu_app_end_to_end(tmp_path, n_ranks):
     if cupy.cuda.runtime.getDeviceCount() < n_ranks:
         pytest.skip(f"needs {n_ranks} GPUs")
     pytest.importorskip("mnist1d", reason="the default dataset is generated with the mnist1d package")
-    from hpcgpu.launch import run_mpi
+    from hpcgpu.jobs.launch import run_mpi
 
     summary_path = tmp_path / "summary.json"
     result = run_mpi(n_ranks, [sys.executable, "-m", "apps.train", "--backend", "cupy", "--quiet",

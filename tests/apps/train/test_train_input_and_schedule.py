@@ -9,7 +9,7 @@ import pytest
 from apps.train.training.checkpointing import check_schedule
 from apps.train.data.dataset import data_file_problem
 from hpcgpu.errors import ConfigurationError
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 
 SMALL = ["--model", "large-mlp", "--depth", "2", "--width", "16", "--batch-size", "24", "--no-plot",
          "--eval-every", "0", "--warmup", "2", "--backend", "numpy"]

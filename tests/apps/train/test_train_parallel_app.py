@@ -1,6 +1,6 @@
 """``python -m apps.train --model residual-mlp`` with tensor and pipeline parallelism, end to end.
 
-The app runs through ``hpcgpu.launch.run_mpi`` (under a timeout, like the other app tests): one
+The app runs through ``hpcgpu.jobs.launch.run_mpi`` (under a timeout, like the other app tests): one
 rank (grid 1 x 1 x 1), and two ranks split as 1 x 2 x 1 (``--tensor-parallel 2``), 1 x 1 x 2
 (``--pipeline-parallel 2 --micro-batches 4``, 1F1B and GPipe) and 2 x 1 x 1, same seed, fp64, 30
 steps. The loss curves, the evaluations and the norm of the full parameters agree with the one-rank
@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from hpcgpu.launch import run_mpi
+from hpcgpu.jobs.launch import run_mpi
 
 STEPS = 30
 SPLIT = ["--model", "residual-mlp", "--depth", "3", "--width", "16", "--hidden", "32", "--dropout", "0.1",

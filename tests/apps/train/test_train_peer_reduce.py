@@ -87,7 +87,7 @@ def test_benchmark_takes_the_allreduce_option():
     (["--allreduce", "peer", "--zero", "1"], "--zero 0 only"),
 ])
 def test_app_refuses_peer_before_training(tmp_path, args, expected):
-    from hpcgpu.launch import run_mpi
+    from hpcgpu.jobs.launch import run_mpi
 
     result = run_mpi(2, [sys.executable, "-m", "apps.train", "--quiet", "--steps", "1",
                          "--output", str(tmp_path / "out"), *args], timeout=90)

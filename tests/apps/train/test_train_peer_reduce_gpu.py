@@ -137,7 +137,7 @@ def test_app_with_peer_gives_nccls_losses_and_checksum(tmp_path):
         pytest.skip("needs 2 GPUs")
     import h5py
 
-    from hpcgpu.launch import run_mpi
+    from hpcgpu.jobs.launch import run_mpi
 
     rng = np.random.default_rng(0)
     projections = rng.standard_normal((12, 4))

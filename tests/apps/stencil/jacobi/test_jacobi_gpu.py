@@ -108,7 +108,7 @@ def test_app_schedules_on_gpus_match_the_cpu_checksum(tmp_path, schedule):
     import json
     import sys
 
-    from hpcgpu.launch import run_mpi
+    from hpcgpu.jobs.launch import run_mpi
 
     def checksum(n_ranks, backend, *extra):
         name = f"{backend}{n_ranks}{'_'.join(extra)}"

@@ -18,7 +18,7 @@ from apps.stencil.sphere import (
     sphere_stage,
     tile_parameters,
 )
-from apps.stencil.swe.boundaries import fill_channel_boundaries
+from apps.stencil.channel.boundaries import fill_channel_boundaries
 
 
 def reference_stage(out, base, stage, increment, a, b, dt, params, filtered_rows, region):

@@ -25,7 +25,7 @@ from apps.stencil.sphere import (
     stability_rate,
     tile_parameters,
 )
-from apps.stencil.swe.boundaries import fill_channel_boundaries
+from apps.stencil.channel.boundaries import fill_channel_boundaries
 
 pytestmark = pytest.mark.gpu
 
