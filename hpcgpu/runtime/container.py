@@ -272,7 +272,9 @@ def mismatches(view: ContainerView) -> list[tuple[str, str]]:
             f"GPUs hidden: the node has {len(view.host_gpus)} NVIDIA GPU(s) on PCI but {inside} sees no "
             "/dev/nvidiaN, so the job runs on the CPU; pass the GPUs through (apptainer exec --nv, podman/docker "
             "run --device nvidia.com/gpu=all or --gpus all, pyxis does it by itself)"))
-    elif view.requested_gpus and len(view.gpu_device_files) < view.requested_gpus:
+    elif view.requested_gpus and len(view.gpu_device_files) < min(view.requested_gpus, len(view.host_gpus)):
+        # Only GPUs the node has on PCI can be hidden by the container; a request beyond what the node has
+        # (a fake GRES, a wrong gres.conf) is the GPU count check's finding, not the container's.
         found.append(("gpus",
             f"GPUs hidden: Slurm gave the job {view.requested_gpus} GPU(s) on this node (SLURM_GPUS_ON_NODE) but "
             f"{inside} sees {len(view.gpu_device_files)} /dev/nvidiaN; pass all of them through (apptainer --nv, "

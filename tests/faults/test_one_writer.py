@@ -10,6 +10,7 @@ other was refused with exit 2 naming the holder, or followed it). ``benchmarks/f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import sys
@@ -25,13 +26,26 @@ from tests.faults.two_jobs import REFUSED, killed_holder_then_new_job, requeue_w
 pytestmark = pytest.mark.slow
 
 
+def _long(name: str, steps: str):
+    """The scenario with more steps, so that its first job is still running when a second job has started
+    (on a quiet machine the 64² user model's 800 steps end sooner than a second job starts)."""
+    scenario = SCENARIOS[name]
+    args = list(scenario.args)
+    args[args.index("--steps") + 1] = steps
+    return dataclasses.replace(scenario, name=f"{name}-long", args=args)
+
+
+#: The scenarios of the two-job cases by name: the kill scenarios, and longer runs of the short ones.
+TWO_JOB_SCENARIOS = {**SCENARIOS, "user-model-long": _long("user-model", "8000")}
+
+
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
     cache = {}
 
     def reference(name):
         if name not in cache:
-            cache[name] = reference_contents(SCENARIOS[name], tmp_path_factory.mktemp(f"reference-{name}"))
+            cache[name] = reference_contents(TWO_JOB_SCENARIOS[name], tmp_path_factory.mktemp(f"reference-{name}"))
         return cache[name]
     return reference
 
@@ -39,14 +53,14 @@ def references(tmp_path_factory):
 CASES = [  # (scenario, seed, records the first job's file counts before the second starts: 0 = at start-up)
     ("stencil-channel", 11, 0),
     ("stencil-channel", 12, 5),    # the reproduction: the same command again once swe.nc has 5 records
-    ("user-model", 13, 4),
+    ("user-model-long", 13, 4),
 ]
 
 
 @pytest.mark.parametrize("name,seed,after_records", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_two_jobs_on_one_directory_one_writes_the_other_is_refused(tmp_path, references, name, seed, after_records):
     delay = random.Random(seed).uniform(0.0, 0.05 if after_records else 1.5)
-    result = two_jobs(SCENARIOS[name], tmp_path / "out", references(name), delay, after_records)
+    result = two_jobs(TWO_JOB_SCENARIOS[name], tmp_path / "out", references(name), delay, after_records)
     assert result.passed, result.as_dict()
     assert sorted(result.exits) == [0, 2], result.as_dict()   # they overlapped: one was refused
 

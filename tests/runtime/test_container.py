@@ -101,6 +101,16 @@ def test_fewer_gpu_files_than_slurm_gave_is_a_mismatch_and_without_slurm_a_warni
     assert container.mismatches(view_of(root)) == []   # 2 of 8 without a request: a deliberate choice
 
 
+def test_a_slurm_request_beyond_the_gpus_on_pci_is_not_blamed_on_the_container(tmp_path):
+    """A node without GPUs on PCI (a CI node with fake GRES) inside a container: no container mismatch; the
+    GPU count check reports a real shortfall."""
+    root = make_node(tmp_path, gpus=0, gpu_files=0, mark=".dockerenv")
+    assert container.mismatches(view_of(root, SLURM_GPUS_ON_NODE="2")) == []
+    root = make_node(tmp_path / "two", gpus=2, gpu_files=1, mark=".dockerenv")
+    (kind, message), = container.mismatches(view_of(root, SLURM_GPUS_ON_NODE="4"))
+    assert kind == "gpus" and "sees 1" in message
+
+
 def test_missing_infiniband_devices_and_missing_driver_libraries_are_warnings(tmp_path):
     view = view_of(make_node(tmp_path, gpus=2, gpu_files=2, hcas=("mlx5_0",), verbs=0, mark=".dockerenv"))
     view.driver_libraries = {"libcuda.so.1": False, "libnvidia-ml.so.1": True}
